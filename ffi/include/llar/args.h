@@ -1,0 +1,92 @@
+// Plain data shared by the host (FFI handlers, registry) and the kernels.
+//
+// Nothing in this header knows about XLA, NCCL or Python: it fixes the
+// geometry of the symmetric scratch, the kernel argument block and the error
+// record that a bounded wait fills in before it fails the call.
+#ifndef LLAR_ARGS_H_
+#define LLAR_ARGS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define LLAR_HOST_DEVICE __host__ __device__
+#else
+#define LLAR_HOST_DEVICE
+#endif
+
+namespace llar {
+
+// Largest replica group a communicator serves (one NVLink domain of H200s is
+// 8; 16 leaves room for larger domains without changing the argument block).
+inline constexpr int kMaxRanks = 16;
+
+// One-shot LL geometry. Every block of the kernel owns a fixed region of the
+// scratch (see ll.cuh for why a block, not the grid, owns the epoch).
+inline constexpr int kMaxBlocks = 64;          // blocks per call, at most
+inline constexpr int kLinesPerBlock = 512;     // LL lines per block and source rank
+inline constexpr int kLineBytes = 16;          // {d0, flag, d1, flag}
+inline constexpr int kPayloadBytesPerLine = 8; // d0 and d1
+inline constexpr int kMaxThreads = 512;        // one line per thread
+
+// Largest payload per rank the one-shot LL kernel takes: 64 * 512 * 8 B = 256 KiB.
+inline constexpr std::size_t kOneShotMaxBytes =
+    std::size_t(kMaxBlocks) * kLinesPerBlock * kPayloadBytesPerLine;
+
+// Bytes of symmetric scratch per rank for a group of `world` ranks: two halves
+// (epoch parity) x blocks x source ranks x lines x 16 B.
+constexpr std::size_t ScratchBytes(int world) {
+  return std::size_t(2) * kMaxBlocks * std::size_t(world) * kLinesPerBlock *
+         kLineBytes;
+}
+
+// Byte offset of line `line` of block `block`, sent by rank `src`, in half
+// `half` of a rank's scratch.
+LLAR_HOST_DEVICE constexpr std::size_t ScratchOffset(int half, int block,
+                                                        int world, int src,
+                                                        int line) {
+  return ((((std::size_t(half) * kMaxBlocks + block) * world + src) *
+           kLinesPerBlock) +
+          line) *
+         kLineBytes;
+}
+
+enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+enum class Algorithm : int32_t { kOneShotLL = 1 };
+
+// Filled by the first thread whose bounded wait runs out, in host-mapped
+// memory, so the host can read it even after the kernel has trapped.
+struct ErrorRecord {
+  int32_t code;            // 0: none; 1: timeout waiting for a peer's line
+  int32_t rank;            // rank that waited
+  int32_t peer;            // rank whose line never arrived
+  int32_t block;           // block index (owner of the scratch region)
+  int32_t line;            // line index inside the block's region
+  uint32_t flag_expected;  // flag word the epoch asks for
+  uint32_t flag_seen;      // flag words last read (first of the two)
+  uint32_t flag_seen2;     // second flag word last read
+  uint64_t epoch;          // the block's epoch for this call
+  uint64_t waited_ns;      // time spent waiting when it gave up
+};
+
+// Kernel argument block, passed by value (lives in the constant bank).
+struct AllReduceArgs {
+  const void* in;
+  void* out;
+  uint64_t n_bytes;                // payload bytes per rank
+  uint32_t lines;                  // ceil(n_bytes / 8)
+  uint32_t lines_per_block;        // <= kLinesPerBlock
+  int32_t rank;
+  int32_t world;
+  char* scratch[kMaxRanks];        // every rank's scratch, as mapped on this device
+  uint64_t* epochs;                // kMaxBlocks per-block epoch counters (device memory)
+  ErrorRecord* error;              // host-mapped, device-visible
+  int32_t* error_claim;            // device word: the first failing thread claims the record
+  uint64_t timeout_ns;             // bound on every wait
+  int32_t drop_peer_writes;        // test hook (F13): 1 = never store to peers
+};
+
+}  // namespace llar
+
+#endif  // LLAR_ARGS_H_

@@ -1,0 +1,108 @@
+// Bounded waits: every spin in jax_llar ends, either with the awaited value or
+// with a report of what it waited for and a failed call.
+//
+// Contract
+//   WaitLine polls one LL line of the caller's own scratch until it carries
+//   `flag`. The fast path is a plain poll with no clock reads. After
+//   kSpinsPerClockRead polls it reads %globaltimer (nanoseconds) and then
+//   rereads it every kSpinsPerClockRead polls; once `timeout_ns` has passed it
+//   fills the ErrorRecord (rank, peer, block, line, epoch, flags seen) in
+//   host-mapped memory, prints the same line, and executes `trap`. The trap
+//   fails the kernel, so XLA reports an error for the step instead of
+//   returning a wrong answer or hanging the GPU. The trap also poisons this
+//   device's CUDA context: the process must be restarted, which is the right
+//   outcome for a peer that never arrived (rank divergence, a dead process).
+//
+// Memory ordering of the report
+//   One thread claims the record with an atomic on a device word (atomics on
+//   host memory over PCIe are not guaranteed); it writes the fields with
+//   volatile stores and publishes them with __threadfence_system() before the
+//   trap, so the host can read them after the failure.
+#ifndef LLAR_WAIT_CUH_
+#define LLAR_WAIT_CUH_
+
+#include <cstdint>
+#include <cstdio>
+
+#include "llar/args.h"
+#include "llar/ll.cuh"
+
+namespace llar {
+
+inline constexpr uint32_t kSpinsPerClockRead = 256;
+
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Identifies what a wait is for, to report it.
+struct WaitSite {
+  int32_t rank, peer, block, line;
+  uint64_t epoch;
+};
+
+// Where a wait reports to: the kernel's error record and claim word.
+struct WaitReport {
+  ErrorRecord* error;    // host-mapped
+  int32_t* claim;        // device word
+  uint64_t timeout_ns;
+};
+
+__device__ __noinline__ void ReportTimeoutAndTrap(WaitReport report,
+                                                  WaitSite site,
+                                                  uint32_t expected,
+                                                  uint32_t seen0, uint32_t seen1,
+                                                  uint64_t waited_ns) {
+  if (atomicCAS(report.claim, 0, 1) == 0) {
+    volatile ErrorRecord* r = report.error;
+    r->rank = site.rank;
+    r->peer = site.peer;
+    r->block = site.block;
+    r->line = site.line;
+    r->flag_expected = expected;
+    r->flag_seen = seen0;
+    r->flag_seen2 = seen1;
+    r->epoch = site.epoch;
+    r->waited_ns = waited_ns;
+    __threadfence_system();
+    r->code = 1;
+    __threadfence_system();
+    printf(
+        "jax_llar: timeout after %llu ns: rank %d waited for rank %d, block %d, "
+        "line %d, epoch %llu (flag %u expected, saw %u/%u)\n",
+        static_cast<unsigned long long>(waited_ns), site.rank, site.peer,
+        site.block, site.line, static_cast<unsigned long long>(site.epoch),
+        expected, seen0, seen1);
+  }
+  __trap();
+}
+
+// Polls the LL line at `src` (own scratch) until it carries `flag`; returns
+// its payload. Bounded by report.timeout_ns.
+__device__ __forceinline__ uint2 WaitLine(const char* src, uint32_t flag,
+                                          const WaitReport& report,
+                                          const WaitSite& site) {
+  uint4 v = LoadLine(src);
+  if (LineReady(v, flag)) return LinePayload(v);
+  uint64_t start = 0;
+  uint32_t spins = 0;
+  while (true) {
+    v = LoadLine(src);
+    if (LineReady(v, flag)) return LinePayload(v);
+    if (++spins == kSpinsPerClockRead) {
+      spins = 0;
+      const uint64_t now = GlobalTimerNs();
+      if (start == 0) {
+        start = now;
+      } else if (now - start > report.timeout_ns) {
+        ReportTimeoutAndTrap(report, site, flag, v.y, v.w, now - start);
+      }
+    }
+  }
+}
+
+}  // namespace llar
+
+#endif  // LLAR_WAIT_CUH_

@@ -1,0 +1,145 @@
+// XLA FFI handlers. Thin by design: decode, look up the device context, launch.
+//
+// jax_llar_all_reduce (instantiate / initialize / execute):
+//   instantiate  checks the static attributes once per executable;
+//   initialize   checks, per device, that the communicator exists there;
+//   execute      launches one kernel on XLA's stream: no allocation, no host
+//                synchronisation, no lock (the lookup is one atomic load).
+//   The execute handler carries kCmdBufferCompatible, so XLA captures it into
+//   its CUDA graph; everything that changes per call (epochs) lives in device
+//   memory and is advanced by the kernel.
+// jax_llar_copy: the trivial custom call used as XLA's own cost per step.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "handlers.h"
+#include "kernels/kernels.h"
+#include "llar/args.h"
+#include "registry.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace llar {
+namespace {
+
+ffi::Error CheckAlgorithm(int64_t algorithm) {
+  if (algorithm != static_cast<int64_t>(Algorithm::kOneShotLL)) {
+    return ffi::Error::InvalidArgument("jax_llar: unknown algorithm " +
+                                       std::to_string(algorithm));
+  }
+  return ffi::Error::Success();
+}
+
+bool ToDType(ffi::DataType t, DType* out) {
+  switch (t) {
+    case ffi::DataType::F32: *out = DType::kF32; return true;
+    case ffi::DataType::BF16: *out = DType::kBF16; return true;
+    case ffi::DataType::F16: *out = DType::kF16; return true;
+    default: return false;
+  }
+}
+
+ffi::Error AllReduceInstantiate(int64_t comm_id, int64_t algorithm) {
+  if (comm_id <= 0 || ScratchBytesOf(comm_id) == 0) {
+    return ffi::Error::InvalidArgument(
+        "jax_llar: communicator set " + std::to_string(comm_id) +
+        " does not exist in this process (was the program compiled in another "
+        "process?)");
+  }
+  return CheckAlgorithm(algorithm);
+}
+
+ffi::Error AllReduceInitialize(int32_t ordinal, int64_t comm_id,
+                               int64_t algorithm) {
+  if (Lookup(comm_id, ordinal) == nullptr) {
+    return ffi::Error::InvalidArgument(
+        "jax_llar: communicator set " + std::to_string(comm_id) +
+        " has no member on CUDA device " + std::to_string(ordinal));
+  }
+  return CheckAlgorithm(algorithm);
+}
+
+ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
+                            ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                            int64_t comm_id, int64_t algorithm) {
+  const DeviceContext* ctx = Lookup(comm_id, ordinal);
+  if (ctx == nullptr) {
+    return ffi::Error::InvalidArgument(
+        "jax_llar: no communicator " + std::to_string(comm_id) +
+        " on CUDA device " + std::to_string(ordinal));
+  }
+  DType dtype;
+  if (!ToDType(x.element_type(), &dtype) || y->element_type() != x.element_type() ||
+      y->size_bytes() != x.size_bytes()) {
+    return ffi::Error::InvalidArgument("jax_llar: unsupported operand type or shape");
+  }
+  if (x.size_bytes() > kOneShotMaxBytes) {
+    return ffi::Error::InvalidArgument("jax_llar: operand larger than the one-shot limit");
+  }
+  AllReduceArgs a = ctx->base;
+  a.in = x.untyped_data();
+  a.out = y->untyped_data();
+  a.n_bytes = x.size_bytes();
+  a.drop_peer_writes = ctx->drop_peer_writes.load(std::memory_order_relaxed);
+  const cudaError_t e = LaunchOneShotLL(a, dtype, stream);
+  if (e != cudaSuccess) {
+    return ffi::Error::Internal(std::string("jax_llar: kernel launch failed: ") +
+                                cudaGetErrorString(e));
+  }
+  (void)algorithm;  // one algorithm today; checked at instantiate
+  return ffi::Error::Success();
+}
+
+ffi::Error CopyExecute(cudaStream_t stream, ffi::AnyBuffer x,
+                       ffi::Result<ffi::AnyBuffer> y) {
+  if (y->size_bytes() != x.size_bytes()) {
+    return ffi::Error::InvalidArgument("jax_llar: copy needs equal sizes");
+  }
+  const cudaError_t e = LaunchCopy(x.untyped_data(), y->untyped_data(), x.size_bytes(), stream);
+  if (e != cudaSuccess) {
+    return ffi::Error::Internal(std::string("jax_llar: copy launch failed: ") +
+                                cudaGetErrorString(e));
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER(kAllReduceInstantiate, AllReduceInstantiate,
+                       ffi::Ffi::BindInstantiate()
+                           .Attr<int64_t>("comm_id")
+                           .Attr<int64_t>("algorithm"));
+
+XLA_FFI_DEFINE_HANDLER(kAllReduceInitialize, AllReduceInitialize,
+                       ffi::Ffi::BindInitialize()
+                           .Ctx<ffi::DeviceOrdinal>()
+                           .Attr<int64_t>("comm_id")
+                           .Attr<int64_t>("algorithm"));
+
+XLA_FFI_DEFINE_HANDLER(kAllReduceExecute, AllReduceExecute,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                           .Ctx<ffi::DeviceOrdinal>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int64_t>("comm_id")
+                           .Attr<int64_t>("algorithm"),
+                       {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER(kCopyExecute, CopyExecute,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>(),
+                       {ffi::Traits::kCmdBufferCompatible});
+
+HandlerTable GetHandlers() {
+  return {reinterpret_cast<void*>(kAllReduceInstantiate),
+          reinterpret_cast<void*>(kAllReduceInitialize),
+          reinterpret_cast<void*>(kAllReduceExecute),
+          reinterpret_cast<void*>(kCopyExecute)};
+}
+
+}  // namespace llar

@@ -1,0 +1,36 @@
+// Host-side entry points of the kernels: one launcher per algorithm. Each
+// launcher only computes its grid and launches; it never allocates or
+// synchronises, so it is safe inside CUDA stream capture.
+#ifndef LLAR_KERNELS_H_
+#define LLAR_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "llar/args.h"
+
+namespace llar {
+
+// Grid of the one-shot LL kernel for `lines` LL lines (host and tests use the
+// same rule): up to 256 lines per block until 64 blocks, then up to 512.
+struct OneShotGrid {
+  uint32_t blocks, lines_per_block, threads;
+};
+OneShotGrid OneShotGridFor(uint32_t lines);
+
+// one_shot_ll.cu: a.lines, a.lines_per_block are filled in by the launcher.
+cudaError_t LaunchOneShotLL(AllReduceArgs a, DType dtype, cudaStream_t stream);
+
+// copy.cu: the trivial custom call that measures XLA's own cost per step.
+cudaError_t LaunchCopy(const void* in, void* out, uint64_t n_bytes,
+                       cudaStream_t stream);
+
+// Force each kernel's module to load on the current device, so that no lazy
+// module load happens later inside a captured CUDA graph.
+cudaError_t PreloadOneShotLL();
+cudaError_t PreloadCopy();
+
+}  // namespace llar
+
+#endif  // LLAR_KERNELS_H_

@@ -1,0 +1,130 @@
+// One-shot LL all-reduce (arXiv 2607.16100, section 4.1).
+//
+// Every rank stores its payload, packed in LL lines (ll.cuh), into its slot of
+// every peer's symmetric scratch; then it polls its own scratch for each
+// peer's lines and reduces all ranks in rank order (reduce.cuh). There is no
+// barrier at entry or exit: scratch reuse is proven by the epoch protocol
+// (epoch.cuh), and every wait is bounded (wait.cuh).
+//
+// Work split: thread t of block b owns line b * lines_per_block + t. One line
+// is 8 payload bytes; a 4 KiB tensor is 512 lines, two blocks of 256 threads.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels.h"
+#include "llar/args.h"
+#include "llar/epoch.cuh"
+#include "llar/ll.cuh"
+#include "llar/reduce.cuh"
+#include "llar/wait.cuh"
+
+namespace llar {
+namespace {
+
+template <typename T>
+__global__ void __launch_bounds__(kMaxThreads)
+    OneShotLLKernel(const AllReduceArgs a) {
+  const int block = blockIdx.x;
+  const int t = threadIdx.x;
+  const uint32_t line = block * a.lines_per_block + t;
+  const bool active = t < static_cast<int>(a.lines_per_block) && line < a.lines;
+
+  // Independent loads first: the epoch and this thread's payload.
+  const uint64_t epoch = LoadEpoch(a.epochs + block);
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(a.in) | reinterpret_cast<uintptr_t>(a.out)) &
+       (kPayloadBytesPerLine - 1)) == 0;
+  uint2 mine = {0u, 0u};
+  if (active) mine = LoadPayload(static_cast<const char*>(a.in), a.n_bytes, line, aligned);
+  const uint32_t flag = FlagOf(epoch);
+  const int half = HalfOf(epoch);
+
+  if (active) {
+    // Send: one 16-byte store into every peer, starting with the next rank so
+    // that ranks spread their first stores over different peers.
+    if (!a.drop_peer_writes) {
+      const size_t slot = ScratchOffset(half, block, a.world, a.rank, t);
+      for (int k = 1; k < a.world; ++k) {
+        int peer = a.rank + k;
+        if (peer >= a.world) peer -= a.world;
+        StoreLine(a.scratch[peer] + slot, mine, flag);
+      }
+    }
+    // Receive and reduce in rank order.
+    RankOrderSum<T> sum;
+    const char* own = a.scratch[a.rank];
+    const WaitReport report{a.error, a.error_claim, a.timeout_ns};
+    for (int src = 0; src < a.world; ++src) {
+      uint2 p = mine;
+      if (src != a.rank) {
+        p = WaitLine(own + ScratchOffset(half, block, a.world, src, t), flag,
+                     report, WaitSite{a.rank, src, block, t, epoch});
+      }
+      sum.Add(src, p);
+    }
+    StorePayload(static_cast<char*>(a.out), a.n_bytes, line, aligned, sum.Result());
+  }
+
+  // Every thread of the block has read `epoch` and consumed its lines.
+  __syncthreads();
+  if (MustRezero(epoch)) {
+    char* own = a.scratch[a.rank];
+    for (int i = t; i < a.world * kLinesPerBlock; i += blockDim.x) {
+      ClearLine(own + ScratchOffset(half, block, a.world, 0, 0) +
+                size_t(i) * kLineBytes);
+    }
+  }
+  if (t == 0) a.epochs[block] = epoch + 1;
+}
+
+template <typename T>
+cudaError_t Launch(const AllReduceArgs& a, const OneShotGrid& g,
+                   cudaStream_t stream) {
+  OneShotLLKernel<T><<<g.blocks, g.threads, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+OneShotGrid OneShotGridFor(uint32_t lines) {
+  constexpr uint32_t kSmallBlockLines = 256;
+  uint32_t blocks = (lines + kSmallBlockLines - 1) / kSmallBlockLines;
+  if (blocks > kMaxBlocks) blocks = kMaxBlocks;
+  if (blocks == 0) blocks = 1;
+  const uint32_t per_block = (lines + blocks - 1) / blocks;
+  const uint32_t threads = ((per_block + 31) / 32) * 32;
+  return {blocks, per_block, threads == 0 ? 32u : threads};
+}
+
+cudaError_t LaunchOneShotLL(AllReduceArgs a, DType dtype, cudaStream_t stream) {
+  if (a.n_bytes == 0) return cudaSuccess;
+  if (a.n_bytes > kOneShotMaxBytes || a.world < 2 || a.world > kMaxRanks) {
+    return cudaErrorInvalidValue;
+  }
+  a.lines = static_cast<uint32_t>((a.n_bytes + kPayloadBytesPerLine - 1) /
+                                  kPayloadBytesPerLine);
+  const OneShotGrid g = OneShotGridFor(a.lines);
+  a.lines_per_block = g.lines_per_block;
+  switch (dtype) {
+    case DType::kF32:
+      return Launch<float>(a, g, stream);
+    case DType::kBF16:
+      return Launch<__nv_bfloat16>(a, g, stream);
+    case DType::kF16:
+      return Launch<__half>(a, g, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t PreloadOneShotLL() {
+  cudaFuncAttributes attr;
+  for (cudaError_t e : {cudaFuncGetAttributes(&attr, OneShotLLKernel<float>),
+                        cudaFuncGetAttributes(&attr, OneShotLLKernel<__nv_bfloat16>),
+                        cudaFuncGetAttributes(&attr, OneShotLLKernel<__half>)}) {
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace llar

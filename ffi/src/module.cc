@@ -1,0 +1,84 @@
+// Python module `jax_llar._llar`: hands out FFI capsules and exposes the
+// communicator registry. No policy lives here; jax_llar/ decides.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "handlers.h"
+#include "llar/args.h"
+#include "registry.h"
+
+namespace nb = nanobind;
+
+namespace {
+
+nb::capsule Capsule(void* fn) { return nb::capsule(fn); }
+
+}  // namespace
+
+NB_MODULE(_llar, m) {
+  m.doc() = "jax_llar CUDA extension: XLA FFI handlers and NCCL communicators.";
+
+  m.def("registrations", []() {
+    const llar::HandlerTable h = llar::GetHandlers();
+    nb::dict all_reduce;
+    all_reduce["instantiate"] = Capsule(h.all_reduce_instantiate);
+    all_reduce["initialize"] = Capsule(h.all_reduce_initialize);
+    all_reduce["execute"] = Capsule(h.all_reduce_execute);
+    nb::dict out;
+    out["jax_llar_all_reduce"] = all_reduce;
+    out["jax_llar_copy"] = Capsule(h.copy_execute);
+    return out;
+  }, "Target name -> capsule (or dict of stage -> capsule).");
+
+  m.def(
+      "create_comm_set",
+      [](const std::vector<std::vector<int>>& groups, uint64_t timeout_ns) {
+        nb::gil_scoped_release release;
+        return llar::CreateCommSet(groups, timeout_ns);
+      },
+      nb::arg("groups"), nb::arg("timeout_ns"),
+      "Creates NCCL communicators + symmetric scratch for replica groups of "
+      "local CUDA ordinals; returns the communicator-set id. Raises "
+      "RuntimeError on failure.");
+
+  m.def("scratch_bytes", &llar::ScratchBytesOf, nb::arg("comm_id"),
+        "Bytes of symmetric scratch per device of a communicator set.");
+
+  m.def("error_reports", []() {
+    nb::list out;
+    for (const auto& r : llar::ErrorReports()) {
+      nb::dict d;
+      d["comm_id"] = r.comm_id;
+      d["device"] = r.ordinal;
+      d["code"] = r.record.code;
+      d["rank"] = r.record.rank;
+      d["peer"] = r.record.peer;
+      d["block"] = r.record.block;
+      d["line"] = r.record.line;
+      d["epoch"] = r.record.epoch;
+      d["flag_expected"] = r.record.flag_expected;
+      d["flag_seen"] = nb::make_tuple(r.record.flag_seen, r.record.flag_seen2);
+      d["waited_ns"] = r.record.waited_ns;
+      out.append(d);
+    }
+    return out;
+  }, "Timeout reports written by bounded waits (host-mapped, survive a trap).");
+
+  m.def("set_epoch_for_testing", &llar::SetEpochForTesting, nb::arg("comm_id"),
+        nb::arg("epoch"));
+  m.def("set_drop_peer_writes_for_testing", &llar::SetDropPeerWritesForTesting,
+        nb::arg("comm_id"), nb::arg("device"), nb::arg("drop"));
+
+  m.def("nccl_runtime_version", &llar::NcclRuntimeVersion);
+  m.def("nccl_compiled_version", &llar::NcclCompiledVersion);
+  m.def("cuda_device_count", &llar::CudaDeviceCount);
+  m.def("can_access_peer", &llar::CanAccessPeer);
+
+  m.attr("MAX_RANKS") = llar::kMaxRanks;
+  m.attr("ONE_SHOT_MAX_BYTES") = llar::kOneShotMaxBytes;
+  m.attr("ALGORITHM_ONE_SHOT_LL") = static_cast<int>(llar::Algorithm::kOneShotLL);
+}

@@ -1,0 +1,291 @@
+#include "registry.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "kernels/kernels.h"
+#include "lsa_pointers.h"
+
+namespace llar {
+namespace {
+
+// Resources of one device of one communicator set. Never freed: a
+// communicator set lives as long as the process (a handful per program).
+struct DeviceResources {
+  ncclComm_t comm = nullptr;
+  ncclWindow_t window = nullptr;
+  ncclDevComm dev_comm{};
+  void* scratch = nullptr;
+  uint64_t* state = nullptr;   // kMaxBlocks epoch counters + one claim word
+  ErrorRecord* error = nullptr;  // host-mapped
+  DeviceContext context;
+};
+
+struct CommSet {
+  std::vector<std::vector<int>> groups;
+  uint64_t scratch_bytes = 0;
+  std::vector<std::unique_ptr<DeviceResources>> devices;
+};
+
+std::mutex g_mutex;                                   // guards creation and g_sets
+std::vector<std::unique_ptr<CommSet>> g_sets(1);      // index = comm id; 0 unused
+std::array<std::array<std::atomic<const DeviceContext*>, kMaxOrdinals>,
+           kMaxCommSets>
+    g_table{};
+
+[[noreturn]] void Fail(const std::string& what) { throw std::runtime_error(what); }
+
+void CheckCuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    Fail(std::string("jax_llar: ") + what + ": " + cudaGetErrorString(e));
+  }
+}
+
+void CheckNccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) {
+    Fail(std::string("jax_llar: ") + what + ": " + ncclGetErrorString(r) +
+         " (" + ncclGetLastError(nullptr) + ")");
+  }
+}
+
+class DeviceGuard {  // restores the caller's current device
+ public:
+  DeviceGuard() { cudaGetDevice(&prev_); }
+  ~DeviceGuard() { cudaSetDevice(prev_); }
+
+ private:
+  int prev_ = 0;
+};
+
+void ValidateGroups(const std::vector<std::vector<int>>& groups) {
+  if (groups.empty()) Fail("jax_llar: no replica groups given");
+  const int n_dev = CudaDeviceCount();
+  std::set<int> seen;
+  for (const auto& g : groups) {
+    if (g.size() < 2 || g.size() > static_cast<size_t>(kMaxRanks)) {
+      std::ostringstream m;
+      m << "jax_llar: a replica group has " << g.size()
+        << " devices; the fast path serves 2.." << kMaxRanks;
+      Fail(m.str());
+    }
+    for (int d : g) {
+      if (d < 0 || d >= n_dev || d >= kMaxOrdinals) {
+        Fail("jax_llar: CUDA ordinal " + std::to_string(d) +
+             " is not a visible device");
+      }
+      if (!seen.insert(d).second) {
+        Fail("jax_llar: CUDA ordinal " + std::to_string(d) +
+             " appears in two replica groups");
+      }
+    }
+    for (int a : g) {
+      for (int b : g) {
+        if (a != b && !CanAccessPeer(a, b)) {
+          Fail("jax_llar: devices " + std::to_string(a) + " and " +
+               std::to_string(b) + " are not peer (load/store) accessible");
+        }
+      }
+    }
+  }
+}
+
+// Builds one group's communicators and scratch; fills `out` (one per rank).
+void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
+                 uint64_t timeout_ns,
+                 std::vector<std::unique_ptr<DeviceResources>>& out) {
+  const int n = static_cast<int>(group.size());
+  std::vector<std::unique_ptr<DeviceResources>> devs;
+  for (int i = 0; i < n; ++i) devs.push_back(std::make_unique<DeviceResources>());
+
+  std::vector<ncclComm_t> comms(n);
+  CheckNccl(ncclCommInitAll(comms.data(), n, group.data()), "ncclCommInitAll");
+  for (int i = 0; i < n; ++i) devs[i]->comm = comms[i];
+
+  for (int i = 0; i < n; ++i) {
+    DeviceResources& d = *devs[i];
+    CheckCuda(cudaSetDevice(group[i]), "cudaSetDevice");
+    CheckNccl(ncclMemAlloc(&d.scratch, scratch_bytes), "ncclMemAlloc");
+    CheckCuda(cudaMemset(d.scratch, 0, scratch_bytes), "cudaMemset(scratch)");
+    CheckCuda(cudaMalloc(&d.state, sizeof(uint64_t) * (kMaxBlocks + 1)),
+              "cudaMalloc(epochs)");
+    CheckCuda(cudaMemset(d.state, 0, sizeof(uint64_t) * (kMaxBlocks + 1)),
+              "cudaMemset(epochs)");
+    CheckCuda(cudaHostAlloc(reinterpret_cast<void**>(&d.error), sizeof(ErrorRecord),
+                            cudaHostAllocMapped | cudaHostAllocPortable),
+              "cudaHostAlloc(error record)");
+    std::memset(d.error, 0, sizeof(ErrorRecord));
+    CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+
+  // Window registration and device communicators are collective over the
+  // group; one thread drives every rank, so each must be grouped.
+  CheckNccl(ncclGroupStart(), "ncclGroupStart");
+  for (int i = 0; i < n; ++i) {
+    CheckNccl(ncclCommWindowRegister(devs[i]->comm, devs[i]->scratch, scratch_bytes,
+                                     &devs[i]->window, NCCL_WIN_COLL_SYMMETRIC),
+              "ncclCommWindowRegister");
+  }
+  CheckNccl(ncclGroupEnd(), "ncclGroupEnd(window register)");
+
+  ncclDevCommRequirements reqs;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 30, 0)
+  reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+#else
+  std::memset(&reqs, 0, sizeof(reqs));  // 2.28/2.29 have no initializer macro
+#endif
+  CheckNccl(ncclGroupStart(), "ncclGroupStart");
+  for (int i = 0; i < n; ++i) {
+    CheckNccl(ncclDevCommCreate(devs[i]->comm, &reqs, &devs[i]->dev_comm),
+              "ncclDevCommCreate");
+  }
+  CheckNccl(ncclGroupEnd(), "ncclGroupEnd(dev comm create)");
+
+  for (int i = 0; i < n; ++i) {
+    DeviceResources& d = *devs[i];
+    if (d.dev_comm.rank != i || d.dev_comm.nRanks != n ||
+        d.dev_comm.lsaSize != n || d.dev_comm.lsaRank != i) {
+      std::ostringstream m;
+      m << "jax_llar: NCCL does not place all " << n
+        << " ranks in one load/store-accessible (LSA) team (rank " << i
+        << ": lsaRank " << d.dev_comm.lsaRank << ", lsaSize "
+        << d.dev_comm.lsaSize << ")";
+      Fail(m.str());
+    }
+    CheckCuda(cudaSetDevice(group[i]), "cudaSetDevice");
+    void* peers[kMaxRanks] = {};
+    CheckCuda(ReadLsaPointers(d.window, n, peers), "reading LSA peer pointers");
+    CheckCuda(PreloadOneShotLL(), "loading the one-shot kernels");
+    CheckCuda(PreloadCopy(), "loading the copy kernel");
+
+    DeviceContext& c = d.context;
+    c.ordinal = group[i];
+    c.rank = i;
+    c.world = n;
+    c.base.rank = i;
+    c.base.world = n;
+    for (int p = 0; p < n; ++p) c.base.scratch[p] = static_cast<char*>(peers[p]);
+    c.base.epochs = d.state;
+    c.base.error_claim = reinterpret_cast<int32_t*>(d.state + kMaxBlocks);
+    ErrorRecord* error_dev = nullptr;
+    CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev), d.error, 0),
+              "cudaHostGetDevicePointer");
+    c.base.error = error_dev;
+    c.base.timeout_ns = timeout_ns;
+  }
+  for (auto& d : devs) out.push_back(std::move(d));
+}
+
+}  // namespace
+
+int CreateCommSet(const std::vector<std::vector<int>>& groups,
+                  uint64_t timeout_ns) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_sets.size() >= static_cast<size_t>(kMaxCommSets)) {
+    Fail("jax_llar: too many communicator sets (" + std::to_string(kMaxCommSets) + ")");
+  }
+  ValidateGroups(groups);
+  DeviceGuard guard;
+  auto set = std::make_unique<CommSet>();
+  set->groups = groups;
+  size_t world = groups[0].size();
+  for (const auto& g : groups) world = std::max(world, g.size());
+  set->scratch_bytes = ScratchBytes(static_cast<int>(world));
+  for (const auto& g : groups) {
+    CreateGroup(g, ScratchBytes(static_cast<int>(g.size())), timeout_ns, set->devices);
+  }
+  const int id = static_cast<int>(g_sets.size());
+  for (const auto& d : set->devices) {
+    g_table[id][d->context.ordinal].store(&d->context, std::memory_order_release);
+  }
+  g_sets.push_back(std::move(set));
+  return id;
+}
+
+const DeviceContext* Lookup(int64_t comm_id, int32_t ordinal) {
+  if (comm_id <= 0 || comm_id >= kMaxCommSets || ordinal < 0 ||
+      ordinal >= kMaxOrdinals) {
+    return nullptr;
+  }
+  return g_table[comm_id][ordinal].load(std::memory_order_acquire);
+}
+
+uint64_t ScratchBytesOf(int64_t comm_id) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) return 0;
+  return g_sets[comm_id]->scratch_bytes;
+}
+
+std::vector<ErrorReport> ErrorReports() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::vector<ErrorReport> out;
+  for (size_t id = 1; id < g_sets.size(); ++id) {
+    for (const auto& d : g_sets[id]->devices) {
+      ErrorRecord r;
+      std::memcpy(&r, const_cast<const ErrorRecord*>(d->error), sizeof(r));
+      if (r.code != 0) out.push_back({static_cast<int64_t>(id), d->context.ordinal, r});
+    }
+  }
+  return out;
+}
+
+void SetEpochForTesting(int64_t comm_id, uint64_t epoch) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) {
+    Fail("jax_llar: unknown communicator set " + std::to_string(comm_id));
+  }
+  DeviceGuard guard;
+  CommSet& set = *g_sets[comm_id];
+  for (const auto& d : set.devices) {
+    CheckCuda(cudaSetDevice(d->context.ordinal), "cudaSetDevice");
+    CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  for (const auto& d : set.devices) {
+    CheckCuda(cudaSetDevice(d->context.ordinal), "cudaSetDevice");
+    std::vector<uint64_t> epochs(kMaxBlocks, epoch);
+    CheckCuda(cudaMemcpy(d->state, epochs.data(), sizeof(uint64_t) * kMaxBlocks,
+                         cudaMemcpyHostToDevice),
+              "cudaMemcpy(epochs)");
+    CheckCuda(cudaMemset(d->scratch, 0, ScratchBytes(d->context.world)),
+              "cudaMemset(scratch)");
+    CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+}
+
+void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop) {
+  const DeviceContext* c = Lookup(comm_id, ordinal);
+  if (c == nullptr) Fail("jax_llar: no such communicator/device");
+  const_cast<DeviceContext*>(c)->drop_peer_writes.store(
+      drop ? 1 : 0, std::memory_order_relaxed);
+}
+
+int NcclRuntimeVersion() {
+  int v = 0;
+  if (ncclGetVersion(&v) != ncclSuccess) return -1;
+  return v;
+}
+
+int NcclCompiledVersion() { return NCCL_VERSION_CODE; }
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+bool CanAccessPeer(int a, int b) {
+  int can = 0;
+  if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess) return false;
+  return can != 0;
+}
+
+}  // namespace llar

@@ -1,0 +1,67 @@
+// Communicator registry: NCCL communicators, symmetric scratch windows, peer
+// addresses and per-device epoch counters, created once per set of replica
+// groups and kept for the life of the process.
+//
+// Creation is serialised and happens before tracing (from Python, at lowering
+// time). Lookup is lock-free: the execute handler of every device thread reads
+// one atomic pointer and never waits for another thread.
+#ifndef LLAR_REGISTRY_H_
+#define LLAR_REGISTRY_H_
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "llar/args.h"
+
+namespace llar {
+
+inline constexpr int kMaxCommSets = 256;
+inline constexpr int kMaxOrdinals = 64;
+
+// What one device of a communicator set needs at execute time. Immutable
+// after publication, except the test hook.
+struct DeviceContext {
+  int32_t ordinal = -1;
+  int32_t rank = -1;
+  int32_t world = 0;
+  AllReduceArgs base{};          // everything but in/out/n_bytes
+  std::atomic<int32_t> drop_peer_writes{0};  // test hook (F13)
+};
+
+// Creates NCCL communicators for `groups` (lists of local CUDA ordinals; one
+// communicator per group, ranks in list order), allocates and registers the
+// symmetric scratch, reads the peer addresses and publishes one
+// DeviceContext per ordinal. Returns the communicator-set id (>= 1).
+// Throws std::runtime_error with a readable message on any failure.
+int CreateCommSet(const std::vector<std::vector<int>>& groups,
+                  uint64_t timeout_ns);
+
+// Lock-free lookup used by the execute handler; nullptr when absent.
+const DeviceContext* Lookup(int64_t comm_id, int32_t ordinal);
+
+// Bytes of symmetric scratch one device of `comm_id` holds.
+uint64_t ScratchBytesOf(int64_t comm_id);
+
+// Error records of every device context that reported a failure.
+struct ErrorReport {
+  int64_t comm_id;
+  int32_t ordinal;
+  ErrorRecord record;
+};
+std::vector<ErrorReport> ErrorReports();
+
+// Test hooks. SetEpochForTesting synchronises the devices of the set, stores
+// `epoch` in every block counter and re-zeroes the scratch (F4).
+void SetEpochForTesting(int64_t comm_id, uint64_t epoch);
+void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop);
+
+int NcclRuntimeVersion();
+int NcclCompiledVersion();
+int CudaDeviceCount();
+bool CanAccessPeer(int a, int b);
+
+}  // namespace llar
+
+#endif  // LLAR_REGISTRY_H_

@@ -1,0 +1,119 @@
+"""Loads the CUDA extension ``jax_llar._llar`` and registers its FFI targets.
+
+Loading is lazy (first CUDA lowering, or ``jax_llar.status()``) and happens
+after JAX has started its CUDA backend, because the extension must bind to the
+same ``libnccl.so.2`` as JAX's CUDA plugin (MEASURED.md: a second NCCL in the
+default library path gets picked up otherwise). Before importing the module we
+load, with RTLD_GLOBAL, the libnccl.so.2 that the process already mapped (or
+the nvidia-nccl wheel's), and afterwards we check that the runtime NCCL is at
+least the version whose device headers the kernels were compiled against.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.util
+import os
+import threading
+from typing import Any
+
+import jax
+
+from jax_llar import _log
+
+TARGET_ALL_REDUCE = "jax_llar_all_reduce"
+TARGET_COPY = "jax_llar_copy"
+
+_lock = threading.Lock()
+_module: Any = None
+_reason: str | None = None
+_loaded = False
+
+
+def _mapped_nccl() -> str | None:
+  """Path of a libnccl.so.2 already mapped into this process, if any."""
+  try:
+    with open("/proc/self/maps") as f:
+      for line in f:
+        path = line.rstrip("\n").split(" ")[-1]
+        if os.path.basename(path).startswith("libnccl.so"):
+          return path
+  except OSError:
+    pass
+  return None
+
+
+def _wheel_nccl() -> str | None:
+  for pkg in ("nvidia.nccl", "nvidia.nccl.cu13", "nvidia.nccl.cu12"):
+    try:
+      spec = importlib.util.find_spec(pkg)
+    except (ImportError, ValueError):
+      spec = None
+    if spec is None or not spec.submodule_search_locations:
+      continue
+    for root in spec.submodule_search_locations:
+      path = os.path.join(root, "lib", "libnccl.so.2")
+      if os.path.exists(path):
+        return path
+  return None
+
+
+def nccl_library_path() -> str | None:
+  """The libnccl.so.2 jax_llar binds to: the one mapped, else the wheel's."""
+  return _mapped_nccl() or _wheel_nccl()
+
+
+def _load_locked() -> None:
+  global _module, _reason, _loaded
+  _loaded = True
+  if importlib.util.find_spec("jax_llar._llar") is None:
+    _reason = ("the CUDA extension jax_llar._llar is not built (no CUDA "
+               "compiler at install time); reinstall with nvcc on PATH")
+    return
+  try:
+    cuda_devices = jax.devices("cuda")
+  except RuntimeError as e:
+    _reason = f"JAX has no CUDA backend ({e})"
+    return
+  del cuda_devices
+  path = nccl_library_path()
+  if path is not None:
+    try:
+      ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+      _reason = f"cannot load {path}: {e}"
+      return
+  try:
+    mod = importlib.import_module("jax_llar._llar")
+  except ImportError as e:
+    _reason = f"cannot import the CUDA extension: {e}"
+    return
+  runtime, compiled = mod.nccl_runtime_version(), mod.nccl_compiled_version()
+  if runtime < compiled:
+    _reason = (f"the NCCL loaded in this process is {runtime}, older than the "
+               f"{compiled} the kernels were compiled against ({path})")
+    return
+  for name, fn in mod.registrations().items():
+    jax.ffi.register_ffi_target(name, fn, platform="CUDA")
+  _module = mod
+
+
+def load() -> Any | None:
+  """Returns the extension module, or None (see `reason()`); idempotent."""
+  with _lock:
+    if not _loaded:
+      _load_locked()
+      if _module is None:
+        _log.log_once("extension", f"jax_llar: fast path inactive: {_reason}")
+    return _module
+
+
+def reason() -> str | None:
+  """Why the extension is unavailable, or None when it is loaded."""
+  return _reason
+
+
+def built() -> bool:
+  """True when the CUDA extension was compiled into this installation."""
+  return importlib.util.find_spec("jax_llar._llar") is not None

@@ -1,0 +1,86 @@
+"""Communicators: from a mesh axis to NCCL communicators + symmetric scratch.
+
+For the devices of the replica groups of a psum (the partitions of the mesh
+that reduce together, as JAX's own psum lowering forms them), jax_llar creates
+one communicator set, once per distinct group layout, at lowering time, and
+keeps it for the life of the process. The set holds, per group, NCCL
+communicators (``ncclCommInitAll``), symmetric scratch (``ncclMemAlloc`` +
+``ncclCommWindowRegister``, grouped), a device communicator
+(``ncclDevCommCreate``) and peer addresses (``ncclGetLsaPointer``), and, per
+device, epoch counters in device memory. Scratch per device is
+``2 * 64 * world * 512 * 16`` bytes (1 MiB per rank of the group).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from typing import Sequence
+
+from jax_llar import _ext
+from jax_llar.config import settings
+
+
+class CommError(RuntimeError):
+  """Raised when a communicator set cannot be created (message says why)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CommSet:
+  """A communicator set.
+
+  Attributes:
+    comm_id: id passed to the FFI handler (static attribute ``comm_id``).
+    groups: replica groups as tuples of local CUDA ordinals, rank order.
+    world_size: ranks per group.
+    scratch_bytes: symmetric scratch bytes held per device.
+  """
+  comm_id: int
+  groups: tuple[tuple[int, ...], ...]
+  world_size: int
+  scratch_bytes: int
+
+
+_lock = threading.Lock()
+_sets: dict[tuple[tuple[int, ...], ...], CommSet | CommError] = {}
+
+
+def get_or_create(groups: Sequence[Sequence[int]]) -> CommSet:
+  """Returns the communicator set for `groups` (CUDA ordinals), creating it.
+
+  Raises:
+    CommError: the extension is unavailable or NCCL/CUDA refused (the devices
+      are not peer accessible, NCCL puts them in different LSA teams, ...).
+      A failure is remembered, so the same groups fail fast afterwards.
+  """
+  key = tuple(tuple(int(d) for d in g) for g in groups)
+  with _lock:
+    hit = _sets.get(key)
+    if isinstance(hit, CommError):
+      raise hit
+    if hit is not None:
+      return hit
+    mod = _ext.load()
+    if mod is None:
+      raise CommError(_ext.reason() or "extension unavailable")
+    # Our communicators never use NVLink SHARP (multicast); keep NCCL from
+    # setting it up on shared machines unless the user asked for it.
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    try:
+      comm_id = mod.create_comm_set([list(g) for g in key],
+                                    int(settings.timeout_ms) * 1_000_000)
+    except RuntimeError as e:
+      err = CommError(str(e))
+      _sets[key] = err
+      raise err from None
+    cs = CommSet(comm_id=comm_id, groups=key, world_size=len(key[0]),
+                 scratch_bytes=int(mod.scratch_bytes(comm_id)))
+    _sets[key] = cs
+    return cs
+
+
+def comm_sets() -> list[CommSet]:
+  """The communicator sets created so far."""
+  with _lock:
+    return [v for v in _sets.values() if isinstance(v, CommSet)]
