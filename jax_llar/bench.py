@@ -1,0 +1,288 @@
+"""Benchmarks: ``python -m jax_llar.bench --level jax`` (BENCHMARK.md).
+
+JAX level: ``jax.jit`` of a ``shard_map`` with K dependent steps
+``x = op(x) * f[axis_index]`` where ``op`` is the implementation under test and
+``f[r] = (r + 1) / (1 + 2 + ... + W)`` (BENCHMARK.md multiplies by
+``axis_index + 1``; dividing by the sum keeps 512 steps finite and non-zero).
+Per-step time is the slope ``(T(K_long) - T(K_short)) / (K_long - K_short)``
+of median wall times of whole jitted calls, which removes the fixed cost of a
+jitted call. The two chain lengths are timed in interleaved rounds; the
+reported figure is the median of the per-round slopes, with their min and max.
+
+Implementations (impl names are stable, BENCHMARK.md):
+  lax.psum              XLA's all-reduce (NCCL), default flags
+  xla.custom_call_copy  a copy kernel behind the same FFI path as jax_llar:
+                        XLA's own cost per custom call step
+  llar.one_shot_ll      jax_llar.psum on the one-shot LL kernel
+
+Before timing, every configuration runs its short chain once on random data
+and the result is compared bitwise with a host simulation of the chain
+(float64 rank-order sums rounded once, products rounded once); the row
+records ``"correct": true/false``.
+
+Results: ``<out>/<machine>-<yyyymmdd>-jax.json`` (shape from BENCHMARK.md)
+plus a PNG plot, and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jax_llar
+from jax_llar import _copy, _ext, testing
+
+IMPLS = ("lax.psum", "xla.custom_call_copy", "llar.one_shot_ll")
+DTYPES = {"f32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16),
+          "f16": np.dtype(np.float16)}
+DEFAULT_SIZES = (64, 256, 1024, 4096, 16384, 65536, 262144)
+
+
+def _op(impl: str):
+  if impl == "lax.psum":
+    return lambda x: lax.psum(x, "x")
+  if impl == "xla.custom_call_copy":
+    return _copy.copy
+  if impl.startswith("llar."):
+    return lambda x: jax_llar.psum(x, "x")
+  raise ValueError(f"unknown impl {impl}")
+
+
+def factors(world: int, dtype) -> np.ndarray:
+  total = world * (world + 1) // 2
+  return np.array([(r + 1) / total for r in range(world)]).astype(dtype)
+
+
+def chain(impl: str, mesh: Mesh, k: int, dtype):
+  """Jitted K-step chain over mesh axis 'x'; input/output sharded over 'x'."""
+  op = _op(impl)
+  table = jnp.asarray(factors(mesh.size, dtype))
+
+  def body(x):
+    f = table[lax.axis_index("x")]
+    for _ in range(k):
+      x = op(x) * f
+    return x
+
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"),
+                               out_specs=P("x"), check_vma=False))
+
+
+def simulate(impl: str, inputs: list[np.ndarray], k: int, dtype) -> list[np.ndarray]:
+  """Host model of `chain`: exact for W = 2 (and for jax_llar at any W)."""
+  f = factors(len(inputs), dtype)
+  xs = [np.asarray(x) for x in inputs]
+  for _ in range(k):
+    if impl == "xla.custom_call_copy":
+      ys = xs
+    else:
+      s = testing.rank_order_sum(xs, dtype)
+      ys = [s] * len(xs)
+    xs = [testing.round_from_f64(y.astype(np.float64) * np.float64(f[r]), dtype)
+          for r, y in enumerate(ys)]
+  return xs
+
+
+def _time_once(fn, x) -> float:
+  t0 = time.perf_counter()
+  fn(x).block_until_ready()
+  return time.perf_counter() - t0
+
+
+def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng):
+  world = mesh.size
+  n = max(1, nbytes // dtype.itemsize)
+  inputs = [testing.random_array(rng, (n,), dtype) for _ in range(world)]
+  sharding = NamedSharding(mesh, P("x"))
+  x = jax.device_put(np.concatenate(inputs), sharding)
+  f_short = chain(impl, mesh, k_short, dtype)
+  f_long = chain(impl, mesh, k_long, dtype)
+  out = np.asarray(f_short(x)).reshape(world, n)
+  expect = simulate(impl, inputs, k_short, dtype)
+  correct = all(testing.bitwise_equal(out[r], expect[r]) for r in range(world))
+  f_long(x).block_until_ready()
+  per_round = max(1, calls // rounds)
+  slopes, t_short_all, t_long_all = [], [], []
+  for _ in range(rounds):
+    ts = [_time_once(f_short, x) for _ in range(per_round)]
+    tl = [_time_once(f_long, x) for _ in range(per_round)]
+    t_short_all += ts
+    t_long_all += tl
+    slopes.append((statistics.median(tl) - statistics.median(ts)) / (k_long - k_short))
+  slope_all = (statistics.median(t_long_all) - statistics.median(t_short_all)) / (
+      k_long - k_short)
+  return {
+      "impl": impl, "world_size": world, "dtype": str(dtype),
+      "bytes_per_rank": n * dtype.itemsize, "us_per_call": slope_all * 1e6,
+      "us_round_min": min(slopes) * 1e6, "us_round_max": max(slopes) * 1e6,
+      "us_round_median": statistics.median(slopes) * 1e6,
+      "k_short": k_short, "k_long": k_long, "calls_each": per_round * rounds,
+      "t_short_ms": statistics.median(t_short_all) * 1e3,
+      "t_long_ms": statistics.median(t_long_all) * 1e3,
+      "correct": bool(correct),
+  }
+
+
+def environment() -> dict:
+  env = {
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+      "jax": jax.__version__, "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__") else None,
+      "python": platform.python_version(),
+      "devices": [d.device_kind for d in jax.devices()],
+      "device_count": jax.device_count(),
+      "xla_flags": os.environ.get("XLA_FLAGS", ""),
+      "git_commit": os.environ.get("LLAR_GIT_COMMIT") or _git_commit(),
+  }
+  try:
+    import jaxlib
+    env["jaxlib"] = jaxlib.__version__
+  except Exception:  # noqa: BLE001 - informational only
+    pass
+  try:
+    q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
+                        "--format=csv,noheader"], capture_output=True, text=True,
+                       timeout=30)
+    env["nvidia_smi"] = q.stdout.strip().splitlines()
+  except (OSError, subprocess.SubprocessError):
+    env["nvidia_smi"] = None
+  try:
+    env["cuda_runtime_platform"] = jax.devices()[0].client.platform_version
+  except Exception:  # noqa: BLE001
+    pass
+  st = jax_llar.status()
+  env["nccl_runtime"] = st["nccl_runtime"]
+  env["nccl_compiled"] = st["nccl_compiled"]
+  env["nccl_library"] = st["nccl_library"]
+  return env
+
+
+def _git_commit() -> str | None:
+  try:
+    r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10)
+    return r.stdout.strip() or None
+  except (OSError, subprocess.SubprocessError):
+    return None
+
+
+def machine_name() -> str:
+  kind = jax.devices()[0].device_kind.lower().replace("nvidia ", "").replace(" ", "")
+  return f"{kind}x{jax.device_count()}"
+
+
+def plot(rows, path, title):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  dtypes = sorted({r["dtype"] for r in rows})
+  fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.5), squeeze=False)
+  for ax, dt in zip(axes[0], dtypes):
+    for impl in sorted({r["impl"] for r in rows}):
+      pts = sorted((r["bytes_per_rank"], r["us_per_call"]) for r in rows
+                   if r["impl"] == impl and r["dtype"] == dt)
+      if pts:
+        ax.plot([p[0] for p in pts], [max(p[1], 1e-2) for p in pts], "o-", label=impl)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes per rank")
+    ax.set_ylabel("us per step (slope)")
+    ax.set_title(f"{title} {dt}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def print_table(rows):
+  by = {}
+  for r in rows:
+    by.setdefault((r["dtype"], r["bytes_per_rank"]), {})[r["impl"]] = r
+  impls = [i for i in IMPLS if any(i in v for v in by.values())]
+  head = f"{'dtype':9s} {'bytes':>8s} " + " ".join(f"{i:>22s}" for i in impls)
+  if {"llar.one_shot_ll", "xla.custom_call_copy", "lax.psum"} <= set(impls):
+    head += f" {'llar-copy':>10s} {'psum/llar':>10s}"
+  print(head)
+  for (dt, b), v in sorted(by.items()):
+    cells = []
+    for i in impls:
+      r = v.get(i)
+      cells.append(f"{r['us_per_call']:8.2f} [{r['us_round_min']:5.1f},{r['us_round_max']:5.1f}]"
+                   f"{'' if r['correct'] else '!'}" if r else f"{'-':>22s}")
+    line = f"{dt:9s} {b:8d} " + " ".join(f"{c:>22s}" for c in cells)
+    if all(i in v for i in ("llar.one_shot_ll", "xla.custom_call_copy", "lax.psum")):
+      ll, cp, ps = (v[i]["us_per_call"] for i in ("llar.one_shot_ll", "xla.custom_call_copy", "lax.psum"))
+      line += f" {ll - cp:10.2f} {ps / ll if ll > 0 else float('nan'):10.1f}"
+    print(line)
+  print("(us per step: median-of-all slope [min, max over rounds]; '!' = result "
+        "did not match the host simulation)")
+
+
+def run_jax_level(args) -> dict:
+  devices = jax.devices()
+  if len(devices) < 2:
+    raise SystemExit("jax level needs at least 2 devices")
+  mesh = Mesh(np.array(devices[: args.world or len(devices)]), ("x",))
+  rng = np.random.default_rng(args.seed)
+  rows = []
+  for dt_name in args.dtypes.split(","):
+    dtype = DTYPES[dt_name]
+    for nbytes in args.sizes:
+      for impl in args.impls.split(","):
+        row = measure(impl, mesh, dtype, nbytes, args.k_short, args.k_long,
+                      args.calls, args.rounds, rng)
+        rows.append(row)
+        print(f"{impl:22s} {dt_name:5s} {row['bytes_per_rank']:8d} B "
+              f"{row['us_per_call']:8.2f} us/step [{row['us_round_min']:.2f}, "
+              f"{row['us_round_max']:.2f}] correct={row['correct']}", flush=True)
+  return {"env": environment(), "level": "jax", "rows": rows,
+          "dispatch": [d.__dict__ for d in jax_llar.dispatch_log()
+                       if d.reason != "platform"][-50:]}
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--level", choices=["jax"], default="jax")
+  p.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")],
+                 default=list(DEFAULT_SIZES), help="bytes per rank, comma separated")
+  p.add_argument("--dtypes", default="f32,bf16")
+  p.add_argument("--impls", default=",".join(IMPLS))
+  p.add_argument("--k-short", type=int, default=32)
+  p.add_argument("--k-long", type=int, default=512)
+  p.add_argument("--calls", type=int, default=40, help="timed calls per chain length")
+  p.add_argument("--rounds", type=int, default=5)
+  p.add_argument("--world", type=int, default=0, help="devices to use (0: all)")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--out", default="benchmarks/results")
+  p.add_argument("--tag", default="", help="suffix for the result file name")
+  args = p.parse_args(argv)
+  result = run_jax_level(args)
+  os.makedirs(args.out, exist_ok=True)
+  stem = f"{machine_name()}-{datetime.date.today():%Y%m%d}-{args.level}{args.tag}"
+  with open(os.path.join(args.out, stem + ".json"), "w") as f:
+    json.dump(result, f, indent=1)
+  try:
+    plot(result["rows"], os.path.join(args.out, stem + ".png"), machine_name())
+  except ImportError:
+    print("matplotlib missing: no plot", file=sys.stderr)
+  print_table(result["rows"])
+  print(f"saved {os.path.join(args.out, stem)}.json/.png")
+  bad = [r for r in result["rows"] if not r["correct"]]
+  return 1 if bad else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,136 @@
+"""Shows whether XLA runs the jax_llar custom call inside a CUDA graph.
+
+``python -m jax_llar.graphcheck [--out DIR] [--xla-flags FLAGS]`` compiles and
+runs a jitted shard_map chain of jax_llar psums and multiplies, then looks for
+evidence in two places:
+
+1. XLA's dump (``--xla_dump_to``): the thunk sequence XLA emits for the
+   program. Command buffers are formed on the thunk sequence, not in the HLO
+   text (MEASURED.md). Reported: the dump files that mention our target, and
+   the lines around it.
+2. A profiler trace (``jax.profiler.trace`` with a Perfetto trace): event
+   names mentioning command buffers, CUDA graph launches and our kernels.
+
+Prints a JSON verdict; exit status 0 when the custom call is inside a command
+buffer according to the dump, 1 otherwise. The check runs in a subprocess so
+that XLA flags apply from backend start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+TARGET = "jax_llar_all_reduce"
+
+_CHILD = r"""
+import os, sys, json
+import jax, jax.numpy as jnp, numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import jax_llar
+mesh = Mesh(np.array(jax.devices()), ("x",))
+def body(x):
+  f = (lax.axis_index("x") + 1).astype(x.dtype)
+  for _ in range(16):
+    x = jax_llar.psum(x, "x") * f * 0.25
+  return x
+fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                           check_vma=False))
+x = jax.device_put(jnp.ones(1024 * mesh.size, jnp.float32), NamedSharding(mesh, P("x")))
+for _ in range(3):
+  fn(x).block_until_ready()
+trace_dir = sys.argv[1]
+with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+  for _ in range(3):
+    fn(x).block_until_ready()
+print(json.dumps({"decisions": [d.impl for d in jax_llar.dispatch_log()]}))
+"""
+
+
+def _scan_dump(dump_dir: str) -> dict:
+  files = sorted(glob.glob(os.path.join(dump_dir, "**", "*"), recursive=True))
+  mentioning, evidence, in_cmd_buffer = [], [], False
+  for path in files:
+    if not os.path.isfile(path) or os.path.getsize(path) > 50_000_000:
+      continue
+    try:
+      with open(path, errors="replace") as f:
+        text = f.read()
+    except OSError:
+      continue
+    if TARGET not in text:
+      continue
+    name = os.path.basename(path)
+    mentioning.append(name)
+    if "thunk" not in name.lower():
+      continue
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+      if TARGET in line:
+        window = lines[max(0, i - 40): i + 3]
+        cmd = [w for w in window if re.search(r"command.?buffer|CommandBuffer", w, re.I)]
+        evidence.append({"file": name, "line": line.strip()[:300],
+                         "command_buffer_lines_above": [c.strip()[:300] for c in cmd[-3:]]})
+        if cmd:
+          in_cmd_buffer = True
+        if len(evidence) >= 6:
+          break
+  return {"files_mentioning_target": mentioning[:20], "evidence": evidence,
+          "in_command_buffer": in_cmd_buffer}
+
+
+def _scan_trace(trace_dir: str) -> dict:
+  paths = glob.glob(os.path.join(trace_dir, "**", "*perfetto_trace.json.gz"), recursive=True)
+  if not paths:
+    return {"trace_found": False}
+  with gzip.open(paths[0], "rt") as f:
+    data = json.load(f)
+  events = data.get("traceEvents", data if isinstance(data, list) else [])
+  pat = re.compile(r"command|graph|llar|OneShot|Copy", re.I)
+  counts = collections.Counter(e.get("name", "") for e in events
+                               if isinstance(e, dict) and pat.search(e.get("name", "")))
+  return {"trace_found": True, "trace": paths[0],
+          "matching_event_names": dict(counts.most_common(40))}
+
+
+def check(out_dir: str, xla_flags: str = "") -> dict:
+  os.makedirs(out_dir, exist_ok=True)
+  dump_dir = os.path.join(out_dir, "xla_dump")
+  trace_dir = os.path.join(out_dir, "trace")
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = " ".join(
+      f for f in (xla_flags, f"--xla_dump_to={dump_dir}") if f)
+  proc = subprocess.run([sys.executable, "-c", _CHILD, trace_dir], env=env,
+                        capture_output=True, text=True, timeout=600)
+  verdict = {"xla_flags": env["XLA_FLAGS"], "child_rc": proc.returncode,
+             "child_stdout": proc.stdout[-2000:], "child_stderr": proc.stderr[-3000:]}
+  if proc.returncode == 0:
+    verdict["dump"] = _scan_dump(dump_dir)
+    verdict["trace"] = _scan_trace(trace_dir)
+    verdict["in_command_buffer"] = verdict["dump"]["in_command_buffer"]
+  else:
+    verdict["in_command_buffer"] = False
+  return verdict
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--out", default=tempfile.mkdtemp(prefix="llar_graphcheck_"))
+  p.add_argument("--xla-flags", default="")
+  args = p.parse_args(argv)
+  verdict = check(args.out, args.xla_flags)
+  print(json.dumps(verdict, indent=1))
+  return 0 if verdict["in_command_buffer"] else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One command for the 2 x H200 machine: build, GPU tests, graph check,
+# benchmarks, main job. Writes logs and results under $OUT (default ./out)
+# and prints a short table last.
+#
+#   scripts/gpu_run.sh [stage ...]     stages: build tests graph bench demo
+#                                      (default: all, in that order)
+# Environment: BENCH_ARGS (extra args for jax_llar.bench), TEST_ARGS (extra
+# pytest args), DEMO_ARGS, STAGE_TIMEOUT (seconds per stage, default 900).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+STAGE_TIMEOUT=${STAGE_TIMEOUT:-900}
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(build tests graph bench demo)
+summary=()
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/run.log"; }
+
+run_stage() {
+  local name=$1; shift
+  local t0=$SECONDS
+  log "stage $name: $*"
+  timeout --kill-after=20 "$STAGE_TIMEOUT" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-7s rc=%-4s %4ss' "$name" "$rc" "$((SECONDS - t0))")")
+  log "stage $name rc=$rc ($((SECONDS - t0)) s)"
+  tail -n 25 "$OUT/$name.log"
+  return $rc
+}
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nvidia-smi topo -m
+  $PY -c 'import jax, jaxlib; print("jax", jax.__version__, "jaxlib", jaxlib.__version__)'
+  $PY -m pip show nvidia-nccl-cu13 2>/dev/null | grep -i '^version'
+  nvcc --version | tail -n 2
+} >"$OUT/env.log" 2>&1
+
+for s in "${stages[@]}"; do
+  case $s in
+    build) run_stage build $PY -m pip install --no-build-isolation --no-deps -v -e . || break ;;
+    tests) JAX_LLAR_TEST_GPU=1 run_stage tests $PY -m pytest -q -rs -p no:cacheprovider ${TEST_ARGS:-} tests/test_gpu.py ;;
+    graph) run_stage graph $PY -m jax_llar.graphcheck --out /tmp/llar_graphcheck ;;
+    bench) run_stage bench $PY -m jax_llar.bench --level jax --out "$OUT" ${BENCH_ARGS:-} ;;
+    demo) run_stage demo $PY -m jax_llar.demo --json "$OUT/demo.json" ${DEMO_ARGS:-} ;;
+    *) log "unknown stage $s" ;;
+  esac
+done
+
+echo "==== summary ===="
+printf '%s\n' "${summary[@]}"
+grep -E "passed|failed|error" "$OUT/tests.log" 2>/dev/null | tail -n 3
+grep -A30 "^dtype " "$OUT/bench.log" 2>/dev/null | head -n 20
+grep -E "^(lax.psum|jax_llar.psum|speed-up)" "$OUT/demo.log" 2>/dev/null
+grep -E '"in_command_buffer": (true|false)' "$OUT/graph.log" 2>/dev/null | tail -n 1
