@@ -114,6 +114,8 @@ def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng):
   out = np.asarray(f_short(x)).reshape(world, n)
   expect = simulate(impl, inputs, k_short, dtype)
   correct = all(testing.bitwise_equal(out[r], expect[r]) for r in range(world))
+  fast = any(d.fast and d.bytes_per_rank == n * dtype.itemsize and
+             d.dtype == str(dtype) for d in jax_llar.dispatch_log())
   f_long(x).block_until_ready()
   per_round = max(1, calls // rounds)
   slopes, t_short_all, t_long_all = [], [], []
@@ -134,6 +136,7 @@ def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng):
       "t_short_ms": statistics.median(t_short_all) * 1e3,
       "t_long_ms": statistics.median(t_long_all) * 1e3,
       "correct": bool(correct),
+      "fast_path": bool(fast) if impl.startswith("llar.") else None,
   }
 
 
@@ -247,7 +250,8 @@ def run_jax_level(args) -> dict:
         rows.append(row)
         print(f"{impl:22s} {dt_name:5s} {row['bytes_per_rank']:8d} B "
               f"{row['us_per_call']:8.2f} us/step [{row['us_round_min']:.2f}, "
-              f"{row['us_round_max']:.2f}] correct={row['correct']}", flush=True)
+              f"{row['us_round_max']:.2f}] correct={row['correct']} "
+              f"fast_path={row['fast_path']}", flush=True)
   return {"env": environment(), "level": "jax", "rows": rows,
           "dispatch": [d.__dict__ for d in jax_llar.dispatch_log()
                        if d.reason != "platform"][-50:]}

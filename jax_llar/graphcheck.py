@@ -49,10 +49,15 @@ x = jax.device_put(jnp.ones(1024 * mesh.size, jnp.float32), NamedSharding(mesh, 
 for _ in range(3):
   fn(x).block_until_ready()
 trace_dir = sys.argv[1]
-with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-  for _ in range(3):
-    fn(x).block_until_ready()
-print(json.dumps({"decisions": [d.impl for d in jax_llar.dispatch_log()]}))
+try:
+  with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+    for _ in range(3):
+      fn(x).block_until_ready()
+  trace_error = None
+except Exception as e:  # the dump is the primary evidence; report and go on
+  trace_error = f"{type(e).__name__}: {e}"
+print(json.dumps({"decisions": [d.impl for d in jax_llar.dispatch_log()],
+                  "trace_error": trace_error}))
 """
 
 
