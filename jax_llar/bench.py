@@ -234,6 +234,58 @@ def print_table(rows):
         "did not match the host simulation)")
 
 
+KERNEL_IMPLS = {"llar.one_shot_ll": "one_shot_ll", "kernel.copy": "copy",
+                "nccl.allreduce": "nccl"}
+_DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(ml_dtypes.bfloat16): 1,
+                np.dtype(np.float16): 2}
+
+
+def run_kernel_level(args) -> dict:
+  """BENCHMARK.md level 1: `iters` back-to-back calls captured in one CUDA
+  graph per rank, all ranks launched together; per call = max over ranks of
+  elapsed / iters; median (and min) over `rounds` replays."""
+  from jax_llar import comm
+  mod = _ext.load()
+  if mod is None:
+    raise SystemExit(f"kernel level needs the CUDA extension: {_ext.reason()}")
+  devices = jax.devices()[: args.world or jax.device_count()]
+  cs = comm.get_or_create([[d.local_hardware_id for d in devices]])
+  rng = np.random.default_rng(args.seed)
+  rows = []
+  impls = [i for i in args.impls.split(",") if i in KERNEL_IMPLS] or list(KERNEL_IMPLS)
+  for dt_name in args.dtypes.split(","):
+    dtype = DTYPES[dt_name]
+    for nbytes in args.sizes:
+      n = max(1, nbytes // dtype.itemsize)
+      inputs = [testing.random_array(rng, (n,), dtype) for _ in devices]
+      expect = testing.rank_order_sum(inputs, dtype)
+      for impl in impls:
+        if impl == "llar.one_shot_ll" and n * dtype.itemsize > jax_llar.config.ONE_SHOT_LIMIT_BYTES:
+          continue
+        iters = 200 if impl == "nccl.allreduce" else args.kernel_iters
+        us, outs = mod.kernel_bench(cs.comm_id, KERNEL_IMPLS[impl], _DTYPE_CODES[dtype],
+                                    [x.tobytes() for x in inputs], iters, args.rounds)
+        outs = [np.frombuffer(o, dtype) for o in outs]
+        if impl == "kernel.copy":
+          correct = all(testing.bitwise_equal(o, x) for o, x in zip(outs, inputs))
+        elif impl == "llar.one_shot_ll" or len(devices) == 2:
+          correct = all(testing.bitwise_equal(o, expect) for o in outs)
+        else:  # NCCL's ring order is not rank order beyond two ranks
+          correct = all(np.allclose(o.astype(np.float64), expect.astype(np.float64),
+                                    rtol=1e-2) for o in outs)
+        per_rep = [max(r) for r in us]
+        row = {"impl": impl, "world_size": len(devices), "dtype": str(dtype),
+               "bytes_per_rank": n * dtype.itemsize,
+               "us_per_call": statistics.median(per_rep), "us_min": min(per_rep),
+               "us_max": max(per_rep), "iters": iters, "reps": args.rounds,
+               "correct": bool(correct)}
+        rows.append(row)
+        print(f"{impl:18s} {dt_name:5s} {row['bytes_per_rank']:9d} B "
+              f"{row['us_per_call']:8.2f} us/call [min {row['us_min']:.2f}] "
+              f"correct={row['correct']}", flush=True)
+  return {"env": environment(), "level": "kernel", "rows": rows}
+
+
 def run_jax_level(args) -> dict:
   devices = jax.devices()
   if len(devices) < 2:
@@ -259,11 +311,15 @@ def run_jax_level(args) -> dict:
 
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--level", choices=["jax"], default="jax")
+  p.add_argument("--level", choices=["jax", "kernel"], default="jax")
+  p.add_argument("--kernel-iters", type=int, default=1000,
+                 help="calls captured per graph at the kernel level")
   p.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")],
                  default=list(DEFAULT_SIZES), help="bytes per rank, comma separated")
   p.add_argument("--dtypes", default="f32,bf16")
-  p.add_argument("--impls", default=",".join(IMPLS))
+  p.add_argument("--impls", default="",
+                 help=f"comma separated; jax level: {','.join(IMPLS)}; kernel level: "
+                      f"{','.join(KERNEL_IMPLS)} (default: all)")
   p.add_argument("--k-short", type=int, default=32)
   p.add_argument("--k-long", type=int, default=512)
   p.add_argument("--calls", type=int, default=40, help="timed calls per chain length")
@@ -273,7 +329,11 @@ def main(argv=None):
   p.add_argument("--out", default="benchmarks/results")
   p.add_argument("--tag", default="", help="suffix for the result file name")
   args = p.parse_args(argv)
-  result = run_jax_level(args)
+  if args.level == "kernel":
+    result = run_kernel_level(args)
+  else:
+    args.impls = args.impls or ",".join(IMPLS)
+    result = run_jax_level(args)
   os.makedirs(args.out, exist_ok=True)
   stem = f"{machine_name()}-{datetime.date.today():%Y%m%d}-{args.level}{args.tag}"
   with open(os.path.join(args.out, stem + ".json"), "w") as f:
@@ -282,7 +342,8 @@ def main(argv=None):
     plot(result["rows"], os.path.join(args.out, stem + ".png"), machine_name())
   except ImportError:
     print("matplotlib missing: no plot", file=sys.stderr)
-  print_table(result["rows"])
+  if args.level == "jax":
+    print_table(result["rows"])
   print(f"saved {os.path.join(args.out, stem)}.json/.png")
   bad = [r for r in result["rows"] if not r["correct"]]
   return 1 if bad else 0

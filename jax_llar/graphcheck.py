@@ -9,7 +9,10 @@ evidence in two places:
    text (MEASURED.md). Reported: the dump files that mention our target, and
    the lines around it.
 2. A profiler trace (``jax.profiler.trace`` with a Perfetto trace): event
-   names mentioning command buffers, CUDA graph launches and our kernels.
+   names mentioning command buffers, CUDA graph launches and our kernels. The
+   call counts as captured when our kernel ran many times while the host
+   issued (almost) no kernel launches of its own, between command-buffer
+   executions that launched CUDA graphs.
 
 Prints a JSON verdict; exit status 0 when the custom call is inside a command
 buffer according to the dump, 1 otherwise. The check runs in a subprocess so
@@ -38,10 +41,12 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import jax_llar
 mesh = Mesh(np.array(jax.devices()), ("x",))
+from jax_llar import _copy
+op = _copy.copy if sys.argv[2] == "copy" else (lambda v: jax_llar.psum(v, "x"))
 def body(x):
   f = (lax.axis_index("x") + 1).astype(x.dtype)
-  for _ in range(16):
-    x = jax_llar.psum(x, "x") * f * 0.25
+  for _ in range(64):
+    x = op(x) * f * 0.25
   return x
 fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
                            check_vma=False))
@@ -51,7 +56,7 @@ for _ in range(3):
 trace_dir = sys.argv[1]
 try:
   with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-    for _ in range(3):
+    for _ in range(5):
       fn(x).block_until_ready()
   trace_error = None
 except Exception as e:  # the dump is the primary evidence; report and go on
@@ -100,28 +105,74 @@ def _scan_trace(trace_dir: str) -> dict:
   with gzip.open(paths[0], "rt") as f:
     data = json.load(f)
   events = data.get("traceEvents", data if isinstance(data, list) else [])
-  pat = re.compile(r"command|graph|llar|OneShot|Copy", re.I)
+  pat = re.compile(r"command|graph|llar|OneShot|Copy|LaunchKernel", re.I)
   counts = collections.Counter(e.get("name", "") for e in events
                                if isinstance(e, dict) and pat.search(e.get("name", "")))
+  ours = [e for e in events if isinstance(e, dict) and
+          re.search(r"OneShotLLKernel|CopyKernel", e.get("name", ""))]
+  host_launches = sum(v for k, v in counts.items() if "LaunchKernel" in k)
+  graph_launches = sum(v for k, v in counts.items() if "GraphLaunch" in k)
+  cmd_exec = sum(v for k, v in counts.items() if "command_buffer" in k.lower())
+  # Our kernel ran n times but the host launched (almost) no kernels itself:
+  # the launches came from CUDA graphs that XLA's command buffers launched.
+  captured = bool(ours) and graph_launches > 0 and cmd_exec > 0 and host_launches < len(ours) / 4
   return {"trace_found": True, "trace": paths[0],
-          "matching_event_names": dict(counts.most_common(40))}
+          "our_kernel_runs": len(ours), "host_kernel_launches": host_launches,
+          "graph_launches": graph_launches, "command_buffer_events": cmd_exec,
+          "kernel_event_args": ours[0].get("args") if ours else None,
+          "captured": captured,
+          "matching_event_names": dict(counts.most_common(40)),
+          "timeline": timeline(events)}
 
 
-def check(out_dir: str, xla_flags: str = "") -> dict:
+def timeline(events) -> dict:
+  """Per device: median duration of our kernel and of the other kernels that
+  run between two of ours, and the median period between our kernels' starts
+  (device timestamps, microseconds; the profiler inflates short kernels)."""
+  import statistics
+  ours = re.compile(r"OneShotLLKernel|CopyKernel")
+  by_pid = collections.defaultdict(list)
+  for e in events:
+    if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e:
+      by_pid[e.get("pid")].append(e)
+  out = {}
+  for pid, evs in by_pid.items():
+    mine = sorted((e for e in evs if ours.search(e.get("name", ""))), key=lambda e: e["ts"])
+    if len(mine) < 4:
+      continue
+    starts = [e["ts"] for e in mine]
+    periods = [b - a for a, b in zip(starts, starts[1:]) if b - a < 50]
+    others = [e for e in evs if not ours.search(e.get("name", "")) and
+              mine[0]["ts"] <= e["ts"] <= mine[-1]["ts"] and e.get("tid") == mine[0].get("tid")]
+    out[str(pid)] = {
+        "n": len(mine), "kernel": mine[0]["name"][:80],
+        "our_kernel_us": statistics.median(e["dur"] for e in mine),
+        "other_kernels_us": statistics.median(e["dur"] for e in others) if others else None,
+        "other_names": sorted({e["name"][:60] for e in others})[:5],
+        "period_us": statistics.median(periods) if periods else None,
+    }
+  return out
+
+
+def check(out_dir: str, xla_flags: str = "", impl: str = "llar") -> dict:
+  """Runs the chain with `impl` ("llar" or "copy") in a child process and
+  returns the verdict dict (see the module docstring)."""
   os.makedirs(out_dir, exist_ok=True)
-  dump_dir = os.path.join(out_dir, "xla_dump")
-  trace_dir = os.path.join(out_dir, "trace")
+  dump_dir = os.path.join(out_dir, f"xla_dump_{impl}")
+  trace_dir = os.path.join(out_dir, f"trace_{impl}")
   env = dict(os.environ)
+  env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   env["XLA_FLAGS"] = " ".join(
       f for f in (xla_flags, f"--xla_dump_to={dump_dir}") if f)
-  proc = subprocess.run([sys.executable, "-c", _CHILD, trace_dir], env=env,
+  proc = subprocess.run([sys.executable, "-c", _CHILD, trace_dir, impl], env=env,
                         capture_output=True, text=True, timeout=600)
   verdict = {"xla_flags": env["XLA_FLAGS"], "child_rc": proc.returncode,
              "child_stdout": proc.stdout[-2000:], "child_stderr": proc.stderr[-3000:]}
   if proc.returncode == 0:
     verdict["dump"] = _scan_dump(dump_dir)
     verdict["trace"] = _scan_trace(trace_dir)
-    verdict["in_command_buffer"] = verdict["dump"]["in_command_buffer"]
+    verdict["in_command_buffer"] = (verdict["dump"]["in_command_buffer"] or
+                                    bool(verdict["trace"].get("captured")))
   else:
     verdict["in_command_buffer"] = False
   return verdict
@@ -131,8 +182,13 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--out", default=tempfile.mkdtemp(prefix="llar_graphcheck_"))
   p.add_argument("--xla-flags", default="")
+  p.add_argument("--timeline-copy", action="store_true",
+                 help="also profile the same chain with the trivial copy call")
   args = p.parse_args(argv)
   verdict = check(args.out, args.xla_flags)
+  if args.timeline_copy:
+    copy = check(args.out, args.xla_flags, impl="copy")
+    verdict["copy_timeline"] = copy.get("trace", {}).get("timeline")
   print(json.dumps(verdict, indent=1))
   return 0 if verdict["in_command_buffer"] else 1
 

@@ -26,6 +26,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import jax_llar
 from jax_llar import testing
 
+# The children of the subprocess tests need device memory too.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 
 def _gpu_skip_reason() -> str | None:
   if os.environ.get("JAX_LLAR_TEST_GPU") != "1":
@@ -220,8 +223,10 @@ def test_typing_grad_vmap_scan_on_gpu(mesh):
                               out_specs=P()))
     g = jax.jit(jax.grad(lambda v: jnp.sum(f(v) ** 2)))
     scan = jax.jit(jax.shard_map(
-        lambda v: lax.scan(lambda c, _: (op(c, "x") * 0.5, None), v, None, length=5)[0],
-        mesh=mesh, in_specs=P("x"), out_specs=P()))
+        lambda v: lax.scan(
+            lambda c, _: (lax.pcast(op(c, "x") * 0.5, "x", to="varying"), None),
+            v, None, length=5)[0],
+        mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     vm = jax.jit(jax.vmap(f))
     xb = jnp.stack([x, x * 2])
     return [np.asarray(f(x)), np.asarray(g(x)), np.asarray(scan(x)), np.asarray(vm(xb))]
@@ -304,10 +309,17 @@ def test_determinism_across_sizes(mesh):
 
 
 def _run_child(code: str, env_extra: dict, timeout=300):
+  """Runs `code` in a fresh Python; its output (stdout + stderr, minus XLA's
+  allocator retries) and exit status come back for the assertions."""
   env = dict(os.environ)
+  env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
   env.update(env_extra)
-  return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                        capture_output=True, text=True, timeout=timeout)
+  p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                     capture_output=True, text=True, timeout=timeout)
+  p.stderr = "\n".join(l for l in p.stderr.splitlines()
+                       if "allocat" not in l and "Source Location" not in l)
+  p.stdout += f"\nEXIT {p.returncode}\n"
+  return p
 
 
 _CHILD_PRELUDE = """

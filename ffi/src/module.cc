@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "handlers.h"
+#include "kernel_bench.h"
 #include "llar/args.h"
 #include "registry.h"
 
@@ -72,6 +73,31 @@ NB_MODULE(_llar, m) {
         nb::arg("epoch"));
   m.def("set_drop_peer_writes_for_testing", &llar::SetDropPeerWritesForTesting,
         nb::arg("comm_id"), nb::arg("device"), nb::arg("drop"));
+
+  m.def(
+      "kernel_bench",
+      [](int64_t comm_id, const std::string& impl, int dtype,
+         const std::vector<nb::bytes>& inputs, int iters, int reps) {
+        std::vector<std::vector<uint8_t>> in;
+        for (const auto& b : inputs) {
+          const auto* p = static_cast<const uint8_t*>(b.data());
+          in.emplace_back(p, p + b.size());
+        }
+        llar::KernelBenchResult r;
+        {
+          nb::gil_scoped_release release;
+          r = llar::RunKernelBench(comm_id, impl, static_cast<llar::DType>(dtype), in,
+                                   iters, reps);
+        }
+        nb::list outs;
+        for (const auto& o : r.outputs) {
+          outs.append(nb::bytes(reinterpret_cast<const char*>(o.data()), o.size()));
+        }
+        return nb::make_tuple(r.us_per_call, outs);
+      },
+      nb::arg("comm_id"), nb::arg("impl"), nb::arg("dtype"), nb::arg("inputs"),
+      nb::arg("iters"), nb::arg("reps"),
+      "Kernel-level benchmark: (per-rep per-rank us per call, per-rank outputs).");
 
   m.def("nccl_runtime_version", &llar::NcclRuntimeVersion);
   m.def("nccl_compiled_version", &llar::NcclCompiledVersion);

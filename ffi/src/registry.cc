@@ -225,6 +225,21 @@ uint64_t ScratchBytesOf(int64_t comm_id) {
   return g_sets[comm_id]->scratch_bytes;
 }
 
+std::vector<std::vector<int>> GroupsOf(int64_t comm_id) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) return {};
+  return g_sets[comm_id]->groups;
+}
+
+void* NcclCommOf(int64_t comm_id, int32_t ordinal) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) return nullptr;
+  for (const auto& d : g_sets[comm_id]->devices) {
+    if (d->context.ordinal == ordinal) return d->comm;
+  }
+  return nullptr;
+}
+
 std::vector<ErrorReport> ErrorReports() {
   std::lock_guard<std::mutex> lock(g_mutex);
   std::vector<ErrorReport> out;

@@ -41,6 +41,11 @@ int CreateCommSet(const std::vector<std::vector<int>>& groups,
 // Lock-free lookup used by the execute handler; nullptr when absent.
 const DeviceContext* Lookup(int64_t comm_id, int32_t ordinal);
 
+// The CUDA ordinals of communicator set `comm_id`, one list per group in rank
+// order, and the NCCL communicator of one member (set-up and benchmarks only).
+std::vector<std::vector<int>> GroupsOf(int64_t comm_id);
+void* NcclCommOf(int64_t comm_id, int32_t ordinal);
+
 // Bytes of symmetric scratch one device of `comm_id` holds.
 uint64_t ScratchBytesOf(int64_t comm_id);
 

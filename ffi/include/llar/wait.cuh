@@ -7,7 +7,8 @@
 //   kSpinsPerClockRead polls it reads %globaltimer (nanoseconds) and then
 //   rereads it every kSpinsPerClockRead polls; once `timeout_ns` has passed it
 //   fills the ErrorRecord (rank, peer, block, line, epoch, flags seen) in
-//   host-mapped memory, prints the same line, and executes `trap`. The trap
+//   host-mapped memory and executes `trap` (no device printf: it would put a
+//   stack frame in every kernel; the host reads and prints the record). The trap
 //   fails the kernel, so XLA reports an error for the step instead of
 //   returning a wrong answer or hanging the GPU. The trap also poisons this
 //   device's CUDA context: the process must be restarted, which is the right
@@ -22,7 +23,6 @@
 #define LLAR_WAIT_CUH_
 
 #include <cstdint>
-#include <cstdio>
 
 #include "llar/args.h"
 #include "llar/ll.cuh"
@@ -50,7 +50,7 @@ struct WaitReport {
   uint64_t timeout_ns;
 };
 
-__device__ __noinline__ void ReportTimeoutAndTrap(WaitReport report,
+__device__ __forceinline__ void ReportTimeoutAndTrap(WaitReport report,
                                                   WaitSite site,
                                                   uint32_t expected,
                                                   uint32_t seen0, uint32_t seen1,
@@ -69,12 +69,6 @@ __device__ __noinline__ void ReportTimeoutAndTrap(WaitReport report,
     __threadfence_system();
     r->code = 1;
     __threadfence_system();
-    printf(
-        "jax_llar: timeout after %llu ns: rank %d waited for rank %d, block %d, "
-        "line %d, epoch %llu (flag %u expected, saw %u/%u)\n",
-        static_cast<unsigned long long>(waited_ns), site.rank, site.peer,
-        site.block, site.line, static_cast<unsigned long long>(site.epoch),
-        expected, seen0, seen1);
   }
   __trap();
 }

@@ -1,0 +1,159 @@
+#include "kernel_bench.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <stdexcept>
+
+#include "kernels/kernels.h"
+#include "registry.h"
+
+namespace llar {
+namespace {
+
+void Check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw std::runtime_error(std::string("jax_llar kernel bench: ") + what + ": " +
+                             cudaGetErrorString(e));
+  }
+}
+
+void CheckNccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) {
+    throw std::runtime_error(std::string("jax_llar kernel bench: ") + what + ": " +
+                             ncclGetErrorString(r));
+  }
+}
+
+ncclDataType_t NcclType(DType d) {
+  switch (d) {
+    case DType::kF32: return ncclFloat32;
+    case DType::kBF16: return ncclBfloat16;
+    case DType::kF16: return ncclFloat16;
+  }
+  return ncclFloat32;
+}
+
+struct Rank {
+  int ordinal = 0;
+  cudaStream_t stream = nullptr;
+  void* in = nullptr;
+  void* out = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+};
+
+}  // namespace
+
+KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
+                                 DType dtype,
+                                 const std::vector<std::vector<uint8_t>>& inputs,
+                                 int iters, int reps) {
+  const auto groups = GroupsOf(comm_id);
+  if (groups.empty()) throw std::runtime_error("jax_llar kernel bench: unknown comm set");
+  const std::vector<int>& group = groups[0];
+  const int n = static_cast<int>(group.size());
+  if (static_cast<int>(inputs.size()) != n) {
+    throw std::runtime_error("jax_llar kernel bench: need one input per rank");
+  }
+  const size_t bytes = inputs[0].size();
+  const size_t elem = dtype == DType::kF32 ? 4 : 2;
+  if (impl != "one_shot_ll" && impl != "copy" && impl != "nccl") {
+    throw std::runtime_error("jax_llar kernel bench: unknown impl " + impl);
+  }
+  int prev = 0;
+  cudaGetDevice(&prev);
+  std::vector<Rank> ranks(n);
+  for (int r = 0; r < n; ++r) {
+    Rank& k = ranks[r];
+    k.ordinal = group[r];
+    Check(cudaSetDevice(k.ordinal), "cudaSetDevice");
+    Check(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking), "stream");
+    Check(cudaMalloc(&k.in, bytes + 16), "cudaMalloc");
+    Check(cudaMalloc(&k.out, bytes + 16), "cudaMalloc");
+    Check(cudaMemcpy(k.in, inputs[r].data(), bytes, cudaMemcpyHostToDevice), "memcpy");
+    Check(cudaMemset(k.out, 0xff, bytes), "memset");  // poison
+    Check(cudaEventCreate(&k.start), "event");
+    Check(cudaEventCreate(&k.stop), "event");
+  }
+  // Capture. NCCL calls of all ranks are grouped per step, so the streams are
+  // captured together (relaxed mode: one thread drives every device).
+  for (int r = 0; r < n; ++r) {
+    Check(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
+    Check(cudaStreamBeginCapture(ranks[r].stream, cudaStreamCaptureModeRelaxed), "capture");
+  }
+  for (int i = 0; i < iters; ++i) {
+    if (impl == "nccl") {
+      CheckNccl(ncclGroupStart(), "ncclGroupStart");
+      for (int r = 0; r < n; ++r) {
+        CheckNccl(ncclAllReduce(ranks[r].in, ranks[r].out, bytes / elem, NcclType(dtype),
+                                ncclSum, static_cast<ncclComm_t>(NcclCommOf(comm_id, ranks[r].ordinal)),
+                                ranks[r].stream),
+                  "ncclAllReduce");
+      }
+      CheckNccl(ncclGroupEnd(), "ncclGroupEnd");
+      continue;
+    }
+    for (int r = 0; r < n; ++r) {
+      Check(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
+      if (impl == "copy") {
+        Check(LaunchCopy(ranks[r].in, ranks[r].out, bytes, ranks[r].stream), "copy launch");
+      } else {
+        const DeviceContext* c = Lookup(comm_id, ranks[r].ordinal);
+        AllReduceArgs a = c->base;
+        a.in = ranks[r].in;
+        a.out = ranks[r].out;
+        a.n_bytes = bytes;
+        Check(LaunchOneShotLL(a, dtype, ranks[r].stream), "one-shot launch");
+      }
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    Check(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
+    Check(cudaStreamEndCapture(ranks[r].stream, &ranks[r].graph), "end capture");
+    Check(cudaGraphInstantiate(&ranks[r].exec, ranks[r].graph, 0), "instantiate");
+  }
+  auto launch_all = [&](bool timed) {
+    for (int r = 0; r < n; ++r) {
+      Check(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
+      if (timed) Check(cudaEventRecord(ranks[r].start, ranks[r].stream), "record");
+      Check(cudaGraphLaunch(ranks[r].exec, ranks[r].stream), "graph launch");
+      if (timed) Check(cudaEventRecord(ranks[r].stop, ranks[r].stream), "record");
+    }
+    for (int r = 0; r < n; ++r) {
+      Check(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
+      Check(cudaStreamSynchronize(ranks[r].stream), "sync");
+    }
+  };
+  KernelBenchResult result;
+  launch_all(false);  // warm-up
+  for (int rep = 0; rep < reps; ++rep) {
+    launch_all(true);
+    std::vector<double> per_rank(n);
+    for (int r = 0; r < n; ++r) {
+      float ms = 0;
+      Check(cudaEventElapsedTime(&ms, ranks[r].start, ranks[r].stop), "elapsed");
+      per_rank[r] = 1000.0 * ms / iters;
+    }
+    result.us_per_call.push_back(per_rank);
+  }
+  for (int r = 0; r < n; ++r) {
+    Rank& k = ranks[r];
+    Check(cudaSetDevice(k.ordinal), "cudaSetDevice");
+    std::vector<uint8_t> out(bytes);
+    Check(cudaMemcpy(out.data(), k.out, bytes, cudaMemcpyDeviceToHost), "memcpy");
+    result.outputs.push_back(std::move(out));
+    cudaGraphExecDestroy(k.exec);
+    cudaGraphDestroy(k.graph);
+    cudaEventDestroy(k.start);
+    cudaEventDestroy(k.stop);
+    cudaFree(k.in);
+    cudaFree(k.out);
+    cudaStreamDestroy(k.stream);
+  }
+  cudaSetDevice(prev);
+  return result;
+}
+
+}  // namespace llar
