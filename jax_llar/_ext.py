@@ -11,10 +11,12 @@ least the version whose device headers the kernels were compiled against.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import importlib
 import importlib.util
 import os
+import sys
 import threading
 from typing import Any
 
@@ -97,6 +99,20 @@ def _load_locked() -> None:
   for name, fn in mod.registrations().items():
     jax.ffi.register_ffi_target(name, fn, platform="CUDA")
   _module = mod
+  atexit.register(_print_error_reports)
+
+
+def _print_error_reports() -> None:
+  """At exit, says what any timed-out wait was waiting for (the XLA error
+  that failed the call cannot carry it)."""
+  if _module is None:
+    return
+  for r in _module.error_reports():
+    print(f"jax_llar: a bounded wait timed out after {r['waited_ns'] / 1e6:.0f} ms "
+          f"on CUDA device {r['device']}: rank {r['rank']} waited for rank "
+          f"{r['peer']}, block {r['block']}, line {r['line']}, epoch {r['epoch']} "
+          f"(flag {r['flag_expected']} expected, saw {r['flag_seen']})",
+          file=sys.stderr)
 
 
 def load() -> Any | None:

@@ -339,6 +339,7 @@ def test_two_threads_dispatching():
   context of the process that ran it.
   """
   code = _CHILD_PRELUDE + """
+import threading
 from jax_llar import testing
 rng = np.random.default_rng(10)
 f = jax.jit(jax.shard_map(lambda v: jax_llar.psum(v, "x"), mesh=mesh, in_specs=P("x"),
