@@ -30,6 +30,10 @@ from jax._src.interpreters import ad, batching, mlir
 
 from jax_llar import _ext, _log, dispatch
 
+# The original function: jax_llar.swap_psum replaces the attribute jax.lax.psum,
+# and every fallback here must still reach XLA's psum.
+_lax_psum = lax.psum
+
 llar_psum_p = core.Primitive("llar_psum")
 
 
@@ -80,28 +84,54 @@ def psum(x: Any, axis_name, *, axis_index_groups=None) -> Any:
   if not axes:
     return x
   if axis_index_groups is not None or any(isinstance(a, int) for a in axes):
-    why = ("axis_index_groups" if axis_index_groups is not None
-           else "positional axes")
-    _log.log_once(f"trace:{why}",
-                  f"jax_llar: psum with {why} uses lax.psum")
-    return lax.psum(x, axis_name, axis_index_groups=axis_index_groups)
+    reason = ("axis_index_groups" if axis_index_groups is not None
+              else "positional_axes")
+    for leaf in jax.tree_util.tree_leaves(x):
+      aval = core.typeof(leaf)
+      dt = np.dtype(aval.dtype)
+      _log.record(_log.Decision(
+          "lax.psum", reason, f"psum with {reason} is lax.psum's",
+          axes, str(dt), int(np.prod(aval.shape, dtype=np.int64)) * dt.itemsize))
+    return _lax_psum(x, axis_name, axis_index_groups=axis_index_groups)
   _check_bound(axes)
 
   def bind(leaf):
     if not isinstance(leaf, core.Tracer):
-      return lax.psum(leaf, axes)  # constants: lax multiplies by the axis size
+      return _lax_psum(leaf, axes)  # constants: lax multiplies by the axis size
     aval = core.typeof(leaf)
-    if np.dtype(aval.dtype) == np.bool_ or set(axes) & set(
-        getattr(aval.mat, "unreduced", ())):
-      return lax.psum(leaf, axes)  # lax converts bools; unreduced is lax's own
+    # The same type rule as lax.psum: all axes varying, or all invariant (then
+    # auto_pcast makes them varying); mixed states are an error.
+    state = _axes_state(aval, axes)
+    if np.dtype(aval.dtype) == np.bool_ or state in ("unreduced", "reduced"):
+      return _lax_psum(leaf, axes)  # lax converts bools; (un)reduced types are lax's
     check_vma = bool(jax_config._check_vma.value)
-    if check_vma and jax_config.auto_pcast.value:
-      missing = tuple(a for a in axes if a not in aval.mat.varying)
-      if missing:
-        leaf = core.pvary(leaf, missing)
+    if check_vma and state == "invarying" and jax_config.auto_pcast.value:
+      leaf = core.pvary(leaf, axes)
     return llar_psum_p.bind(leaf, axes=axes, check_vma=check_vma)
 
   return jax.tree_util.tree_map(bind, x)
+
+
+def _axes_state(aval, axes) -> str:
+  """'varying', 'invarying', 'unreduced' or 'reduced' for all of `axes`;
+  raises ValueError when they differ (lax.psum's rule)."""
+  mat = aval.mat
+  states = set()
+  for a in axes:
+    if a in mat.varying:
+      states.add("varying")
+    elif a in getattr(mat, "unreduced", ()):
+      states.add("unreduced")
+    elif a in getattr(mat, "reduced", ()):
+      states.add("reduced")
+    else:
+      states.add("invarying")
+  if len(states) > 1:
+    raise ValueError(
+        "jax.lax.psum can only accept axis_name which corresponds to one of "
+        "varying, unreduced, reduced or invarying state of the input. Got "
+        f"input type: {aval}, axes: {axes} and input state: {states}")
+  return states.pop()
 
 
 # --- abstract evaluation ---------------------------------------------------
@@ -179,7 +209,7 @@ batching.fancy_primitive_batchers[llar_psum_p] = _batch
 def _lax_psum_lowering(ctx, x, *, axes, check_vma):
   def f(v):
     with jax_config._check_vma(check_vma):
-      return lax.psum(v, axes)
+      return _lax_psum(v, axes)
   return mlir.lower_fun(f, multiple_results=False)(ctx, x)
 
 

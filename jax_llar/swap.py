@@ -12,7 +12,6 @@ from other threads at the same time.
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
 
 from jax import lax
@@ -24,24 +23,27 @@ _depth = 0
 _original = lax.psum
 
 
-@contextlib.contextmanager
-def _swapped():
+def _enter() -> None:
   global _depth
   with _lock:
     if _depth == 0:
       lax.psum = _llar_psum
     _depth += 1
-  try:
-    yield
-  finally:
-    with _lock:
-      _depth -= 1
-      if _depth == 0:
-        lax.psum = _original
+
+
+def _exit() -> None:
+  global _depth
+  with _lock:
+    _depth -= 1
+    if _depth == 0:
+      lax.psum = _original
 
 
 class swap_psum(contextlib.ContextDecorator):
   """Context manager / decorator: ``jax.lax.psum`` means ``jax_llar.psum``.
+
+  Re-entrant and usable from several threads: the swap stays while any
+  ``with`` block (or decorated call) is active.
 
   Example::
 
@@ -52,9 +54,9 @@ class swap_psum(contextlib.ContextDecorator):
   """
 
   def __enter__(self):
-    self._cm = _swapped()
-    self._cm.__enter__()
+    _enter()
     return self
 
   def __exit__(self, *exc):
-    return self._cm.__exit__(*exc)
+    _exit()
+    return False

@@ -9,7 +9,7 @@ the dispatch policy through ``dispatch.decide`` with real CPU meshes and, for
 the GPU-only branches, fake GPU devices.
 
 Runs on 8 forced host devices (tests/conftest.py); meshes use 2, 4 or 8 of
-them. Known bugs of jax_llar are marked ``xfail(strict=True)`` with the
+them. Known bugs of jax_llar would be marked ``xfail(strict=True)`` with the
 reason: the assertion states the correct behaviour, and the marker must go
 when the bug is fixed.
 """
@@ -490,7 +490,6 @@ _MIXED_BUG = (
     "varying/invarying state)")
 
 
-@pytest.mark.xfail(strict=True, reason=_MIXED_BUG)
 def test_psum_over_partly_invariant_axes_raises_like_lax():
   mesh = mesh_of((2, 4), ("a", "b"))
   x = random_input(np.random.default_rng(9), (2, 3), np.float32)
@@ -616,9 +615,6 @@ def test_vmap_axis_name_inside_shard_map_check_vma(name):
     assert type(llar_out) is type(lax_out)
 
 
-@pytest.mark.xfail(strict=True, reason=_MIXED_BUG + "; under vmap the "
-                   "pvary of the vmapped name fails with a bare "
-                   "AssertionError instead of lax.psum's ValueError")
 def test_vmap_axis_and_mesh_axis_check_vma_fails_like_lax():
   lax_kind, lax_out = outcome(
       lambda: _run_vmap_body(lax.psum, "mapped-i-x", True))
@@ -959,11 +955,6 @@ def test_axis_index_groups_fall_back_to_lax(caplog):
       run(fn, True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "jax_llar bug: the axis_index_groups fallback is only a log message "
-    "(psum.py log_once), never a Decision in dispatch_log(), although "
-    "Decision documents the reason 'axis_index_groups' and psum's docstring "
-    "points to dispatch_log() for every fallback"))
 def test_axis_index_groups_fallback_in_dispatch_log():
   mesh = mesh_of((4,), ("x",))
   x = random_input(np.random.default_rng(21), (4, 3), np.float32)
@@ -1048,7 +1039,6 @@ _SWAP_RECURSION = (
     "while swapped: RecursionError")
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError, reason=_SWAP_RECURSION)
 @pytest.mark.parametrize("what", ["compile-inside", "constant", "bool"])
 def test_swap_psum_fallbacks_inside_swap(what, restore_lax_psum):
   mesh = mesh_of((2,), ("x",))
@@ -1065,12 +1055,6 @@ def test_swap_psum_fallbacks_inside_swap(what, restore_lax_psum):
   assert_bitwise(got, want)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "jax_llar bug: swap_psum keeps one generator context per instance "
-    "(self._cm); re-entering the same instance (a decorated function called "
-    "recursively or from two threads) replaces it, and the replaced "
-    "generator is closed at once, so the swap ends while the outer entry is "
-    "still active"))
 def test_swap_psum_same_instance_reentered(restore_lax_psum):
   s = jax_llar.swap_psum()
   with s:
