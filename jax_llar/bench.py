@@ -103,7 +103,37 @@ def _time_once(fn, x) -> float:
   return time.perf_counter() - t0
 
 
-def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng):
+def device_period_us(fn, x, calls: int = 3) -> float | None:
+  """Cross-check from device timestamps (BENCHMARK.md): runs `fn` under the
+  JAX profiler and returns the mean over devices of the median period
+  between consecutive starts of our kernel (microseconds; the profiler adds
+  a little to short kernels). None when no trace could be read."""
+  import glob
+  import gzip
+  import shutil
+  import tempfile
+  from jax_llar import graphcheck
+  d = tempfile.mkdtemp(prefix="llar_tl_")
+  try:
+    with jax.profiler.trace(d, create_perfetto_trace=True):
+      for _ in range(calls):
+        fn(x).block_until_ready()
+    paths = glob.glob(os.path.join(d, "**", "*perfetto_trace.json.gz"), recursive=True)
+    if not paths:
+      return None
+    with gzip.open(paths[0], "rt") as f:
+      events = json.load(f).get("traceEvents", [])
+    periods = [v["period_us"] for v in graphcheck.timeline(events).values()
+               if v.get("period_us")]
+    return float(np.mean(periods)) if periods else None
+  except Exception:  # noqa: BLE001 - a cross-check, never a reason to fail
+    return None
+  finally:
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng,
+            timeline=False):
   world = mesh.size
   n = max(1, nbytes // dtype.itemsize)
   inputs = [testing.random_array(rng, (n,), dtype) for _ in range(world)]
@@ -127,6 +157,8 @@ def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng):
     slopes.append((statistics.median(tl) - statistics.median(ts)) / (k_long - k_short))
   slope_all = (statistics.median(t_long_all) - statistics.median(t_short_all)) / (
       k_long - k_short)
+  period = (device_period_us(f_long, x)
+            if timeline and impl != "lax.psum" else None)
   return {
       "impl": impl, "world_size": world, "dtype": str(dtype),
       "bytes_per_rank": n * dtype.itemsize, "us_per_call": slope_all * 1e6,
@@ -137,6 +169,7 @@ def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng):
       "t_long_ms": statistics.median(t_long_all) * 1e3,
       "correct": bool(correct),
       "fast_path": bool(fast) if impl.startswith("llar.") else None,
+      "device_period_us": period,
   }
 
 
@@ -217,7 +250,7 @@ def print_table(rows):
   impls = [i for i in IMPLS if any(i in v for v in by.values())]
   head = f"{'dtype':9s} {'bytes':>8s} " + " ".join(f"{i:>22s}" for i in impls)
   if {"llar.one_shot_ll", "xla.custom_call_copy", "lax.psum"} <= set(impls):
-    head += f" {'llar-copy':>10s} {'psum/llar':>10s}"
+    head += f" {'llar-copy':>10s} {'psum/llar':>10s} {'dev llar-copy':>14s}"
   print(head)
   for (dt, b), v in sorted(by.items()):
     cells = []
@@ -229,9 +262,12 @@ def print_table(rows):
     if all(i in v for i in ("llar.one_shot_ll", "xla.custom_call_copy", "lax.psum")):
       ll, cp, ps = (v[i]["us_per_call"] for i in ("llar.one_shot_ll", "xla.custom_call_copy", "lax.psum"))
       line += f" {ll - cp:10.2f} {ps / ll if ll > 0 else float('nan'):10.1f}"
+      dl, dc = v["llar.one_shot_ll"].get("device_period_us"), v["xla.custom_call_copy"].get("device_period_us")
+      line += f" {dl - dc:14.2f}" if dl and dc else f" {'-':>14s}"
     print(line)
   print("(us per step: median-of-all slope [min, max over rounds]; '!' = result "
-        "did not match the host simulation)")
+        "did not match the host simulation; 'dev llar-copy': difference of the "
+        "per-step device periods read from a profiler trace)")
 
 
 KERNEL_IMPLS = {"llar.one_shot_ll": "one_shot_ll", "kernel.copy": "copy",
@@ -298,7 +334,8 @@ def run_jax_level(args) -> dict:
     for nbytes in args.sizes:
       for impl in args.impls.split(","):
         row = measure(impl, mesh, dtype, nbytes, args.k_short, args.k_long,
-                      args.calls, args.rounds, rng)
+                      args.calls, args.rounds, rng,
+                      timeline=nbytes <= args.timeline_max_bytes)
         rows.append(row)
         print(f"{impl:22s} {dt_name:5s} {row['bytes_per_rank']:8d} B "
               f"{row['us_per_call']:8.2f} us/step [{row['us_round_min']:.2f}, "
@@ -325,6 +362,9 @@ def main(argv=None):
   p.add_argument("--calls", type=int, default=40, help="timed calls per chain length")
   p.add_argument("--rounds", type=int, default=5)
   p.add_argument("--world", type=int, default=0, help="devices to use (0: all)")
+  p.add_argument("--timeline-max-bytes", type=int, default=4096,
+                 help="also read the per-step device period from a profiler "
+                      "trace at sizes up to this (jax level, not lax.psum)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", default="benchmarks/results")
   p.add_argument("--tag", default="", help="suffix for the result file name")

@@ -58,3 +58,5 @@ grep -E "us/call" "$OUT/kbench.log" 2>/dev/null | head -n 40
 grep -A30 "^dtype " "$OUT/bench.log" 2>/dev/null | head -n 20
 grep -E "^(lax.psum|jax_llar.psum|speed-up)" "$OUT/demo.log" 2>/dev/null
 grep -E '"in_command_buffer": (true|false)' "$OUT/graph.log" 2>/dev/null | tail -n 1
+# The device tool returns at most 8 files: pack the logs into one.
+(cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log)
