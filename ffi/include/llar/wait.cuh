@@ -16,9 +16,11 @@
 //
 // Memory ordering of the report
 //   One thread claims the record with an atomic on a device word (atomics on
-//   host memory over PCIe are not guaranteed); it writes the fields with
-//   volatile stores and publishes them with __threadfence_system() before the
-//   trap, so the host can read them after the failure.
+//   host memory over PCIe are not guaranteed), writes the fields with volatile
+//   stores, publishes them with __threadfence_system(), reads them back from
+//   host memory (so the writes have landed) and marks the claim word
+//   published. Other threads that time out wait for that mark (at most 1 s)
+//   before trapping, because a trap ends the whole grid at once.
 #ifndef LLAR_WAIT_CUH_
 #define LLAR_WAIT_CUH_
 
@@ -43,20 +45,17 @@ struct WaitSite {
   uint64_t epoch;
 };
 
-// Where a wait reports to: the kernel's error record and claim word.
-struct WaitReport {
-  ErrorRecord* error;    // host-mapped
-  int32_t* claim;        // device word
-  uint64_t timeout_ns;
-};
-
-__device__ __forceinline__ void ReportTimeoutAndTrap(WaitReport report,
-                                                  WaitSite site,
-                                                  uint32_t expected,
-                                                  uint32_t seen0, uint32_t seen1,
-                                                  uint64_t waited_ns) {
-  if (atomicCAS(report.claim, 0, 1) == 0) {
-    volatile ErrorRecord* r = report.error;
+// One thread claims the record (claim 0 -> 1), writes it, reads it back from
+// host memory so the PCIe writes have landed, and publishes (claim -> 2).
+// Every other timed-out thread waits for the publication (bounded) before it
+// traps: a trap ends the whole grid, and an early one would lose the report.
+__device__ __forceinline__ void ReportTimeoutAndTrap(const AllReduceArgs& a,
+                                                     WaitSite site,
+                                                     uint32_t expected,
+                                                     uint32_t seen0, uint32_t seen1,
+                                                     uint64_t waited_ns) {
+  if (atomicCAS(a.error_claim, 0, 1) == 0) {
+    volatile ErrorRecord* r = a.error;
     r->rank = site.rank;
     r->peer = site.peer;
     r->block = site.block;
@@ -69,14 +68,21 @@ __device__ __forceinline__ void ReportTimeoutAndTrap(WaitReport report,
     __threadfence_system();
     r->code = 1;
     __threadfence_system();
+    for (int i = 0; i < (1 << 20) && r->code != 1; ++i) {
+    }
+    atomicExch(a.error_claim, 2);
+  } else {
+    const uint64_t t0 = GlobalTimerNs();
+    while (atomicAdd(a.error_claim, 0) != 2 && GlobalTimerNs() - t0 < 1000000000ull) {
+    }
   }
   __trap();
 }
 
 // Polls the LL line at `src` (own scratch) until it carries `flag`; returns
-// its payload. Bounded by report.timeout_ns.
-__device__ __forceinline__ uint2 WaitLine(const char* src, uint32_t flag,
-                                          const WaitReport& report,
+// its payload. Bounded by a.timeout_ns.
+__device__ __forceinline__ uint2 WaitLine(const AllReduceArgs& a,
+                                          const char* src, uint32_t flag,
                                           const WaitSite& site) {
   uint4 v = LoadLine(src);
   if (LineReady(v, flag)) return LinePayload(v);
@@ -90,8 +96,8 @@ __device__ __forceinline__ uint2 WaitLine(const char* src, uint32_t flag,
       const uint64_t now = GlobalTimerNs();
       if (start == 0) {
         start = now;
-      } else if (now - start > report.timeout_ns) {
-        ReportTimeoutAndTrap(report, site, flag, v.y, v.w, now - start);
+      } else if (now - start > a.timeout_ns) {
+        ReportTimeoutAndTrap(a, site, flag, v.y, v.w, now - start);
       }
     }
   }

@@ -54,12 +54,11 @@ __global__ void __launch_bounds__(kMaxThreads)
     // Receive and reduce in rank order.
     RankOrderSum<T> sum;
     const char* own = a.scratch[a.rank];
-    const WaitReport report{a.error, a.error_claim, a.timeout_ns};
     for (int src = 0; src < a.world; ++src) {
       uint2 p = mine;
       if (src != a.rank) {
-        p = WaitLine(own + ScratchOffset(half, block, a.world, src, t), flag,
-                     report, WaitSite{a.rank, src, block, t, epoch});
+        p = WaitLine(a, own + ScratchOffset(half, block, a.world, src, t), flag,
+                     WaitSite{a.rank, src, block, t, epoch});
       }
       sum.Add(src, p);
     }
