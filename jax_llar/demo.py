@@ -74,27 +74,31 @@ def build(cfg: Config, mesh, psum_fn, batch: int, max_len: int):
   dt = jnp.bfloat16
   L, D, H, KV, hd, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads,
                            cfg.head_dim, cfg.d_ff, cfg.vocab)
-  shapes = {
-      "embed": ((V, D), P()),
-      "attn_norm": ((L, D), P()),
-      "wq": ((L, D, H * hd), P(None, None, "tp")),
-      "wk": ((L, D, KV * hd), P(None, None, "tp")),
-      "wv": ((L, D, KV * hd), P(None, None, "tp")),
-      "wo": ((L, H * hd, D), P(None, "tp", None)),
-      "mlp_norm": ((L, D), P()),
-      "w_gate": ((L, D, F), P(None, None, "tp")),
-      "w_up": ((L, D, F), P(None, None, "tp")),
-      "w_down": ((L, F, D), P(None, "tp", None)),
-      "final_norm": ((D,), P()),
-      "lm_head": ((D, V), P(None, "tp")),
+  # One array per layer and weight (no stacked weights: slicing a stacked
+  # array inside the decode step can copy the slice every token).
+  per_layer = {
+      "attn_norm": ((D,), P()),
+      "wq": ((D, H * hd), P(None, "tp")),
+      "wk": ((D, KV * hd), P(None, "tp")),
+      "wv": ((D, KV * hd), P(None, "tp")),
+      "wo": ((H * hd, D), P("tp", None)),
+      "mlp_norm": ((D,), P()),
+      "w_gate": ((D, F), P(None, "tp")),
+      "w_up": ((D, F), P(None, "tp")),
+      "w_down": ((F, D), P("tp", None)),
   }
+  shapes = {"embed": ((V, D), P()), "final_norm": ((D,), P()),
+            "lm_head": ((D, V), P(None, "tp"))}
+  for i in range(L):
+    for k, v in per_layer.items():
+      shapes[f"{k}.{i}"] = v
   specs = {k: s for k, (_, s) in shapes.items()}
 
   def init_params(key):
     keys = jax.random.split(key, len(shapes))
     out = {}
     for k, (name, (shape, _)) in zip(keys, shapes.items()):
-      if name.endswith("norm"):
+      if "norm" in name:
         out[name] = jnp.ones(shape, dt)
       else:
         fan_in = shape[-2] if len(shape) >= 2 else 1
@@ -149,11 +153,10 @@ def build(cfg: Config, mesh, psum_fn, batch: int, max_len: int):
   layer_keys = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
 
   def step(params, tok, kcache, vcache, pos):
-    # Layers are unrolled (a scan over stacked weights would copy each layer's
-    # slice every token); each layer updates its own cache slice in place.
+    # Layers are unrolled; each layer updates its own cache slice in place.
     x = params["embed"][tok]  # (B, D)
     for i in range(L):
-      lp = {k: params[k][i] for k in layer_keys}
+      lp = {k: params[f"{k}.{i}"] for k in layer_keys}
       x, kc, vc = layer(x, lp, kcache[i], vcache[i], pos)
       kcache = kcache.at[i].set(kc)
       vcache = vcache.at[i].set(vc)
