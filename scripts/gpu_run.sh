@@ -3,7 +3,7 @@
 # benchmarks, main job. Writes logs and results under $OUT (default ./out)
 # and prints a short table last.
 #
-#   scripts/gpu_run.sh [stage ...]     stages: build tests graph kbench bench demo
+#   scripts/gpu_run.sh [stage ...]     stages: build tests graph kbench sol bench demo
 #                                      (default: all, in that order)
 # Environment: BENCH_ARGS (extra args for jax_llar.bench), TEST_ARGS (extra
 # pytest args), DEMO_ARGS, STAGE_TIMEOUT (seconds per stage, default 900).
@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 PY=${PY:-python3}
 STAGE_TIMEOUT=${STAGE_TIMEOUT:-900}
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(build tests graph kbench bench demo)
+[ ${#stages[@]} -eq 0 ] && stages=(build tests graph kbench sol bench demo)
 summary=()
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/run.log"; }
 
@@ -45,6 +45,7 @@ for s in "${stages[@]}"; do
     tests) JAX_LLAR_TEST_GPU=1 run_stage tests $PY -m pytest -q -rs -p no:cacheprovider ${TEST_ARGS:-} tests/test_gpu.py ;;
     graph) run_stage graph $PY -m jax_llar.graphcheck --timeline-copy --out /tmp/llar_graphcheck ;;
     kbench) run_stage kbench $PY -m jax_llar.bench --level kernel --out "$OUT" ${KBENCH_ARGS:-} ;;
+    sol) run_stage sol $PY -m jax_llar.sol --out "$OUT" --kernel-json "${SOL_KERNEL_JSON:-$OUT/$(ls "$OUT" | grep -m1 -- '-kernel.json$')}" ;;
     bench) run_stage bench $PY -m jax_llar.bench --level jax --out "$OUT" ${BENCH_ARGS:-} ;;
     demo) run_stage demo $PY -m jax_llar.demo --json "$OUT/demo.json" ${DEMO_ARGS:-} ;;
     *) log "unknown stage $s" ;;
@@ -55,6 +56,7 @@ echo "==== summary ===="
 printf '%s\n' "${summary[@]}"
 grep -E "passed|failed|error" "$OUT/tests.log" 2>/dev/null | tail -n 3
 grep -E "us/call" "$OUT/kbench.log" 2>/dev/null | head -n 40
+grep -E "SoL|one-shot kernel|_ns|_us " "$OUT/sol.log" 2>/dev/null
 grep -A30 "^dtype " "$OUT/bench.log" 2>/dev/null | head -n 20
 grep -E "^(lax.psum|jax_llar.psum|speed-up)" "$OUT/demo.log" 2>/dev/null
 grep -E '"in_command_buffer": (true|false)' "$OUT/graph.log" 2>/dev/null | tail -n 1

@@ -9,6 +9,7 @@
 
 #include "handlers.h"
 #include "kernel_bench.h"
+#include "sol.h"
 #include "llar/args.h"
 #include "registry.h"
 
@@ -98,6 +99,27 @@ NB_MODULE(_llar, m) {
       nb::arg("comm_id"), nb::arg("impl"), nb::arg("dtype"), nb::arg("inputs"),
       nb::arg("iters"), nb::arg("reps"),
       "Kernel-level benchmark: (per-rep per-rank us per call, per-rank outputs).");
+
+  m.def(
+      "sol",
+      [](const std::vector<int>& ordinals, int iters) {
+        llar::SolResult r;
+        {
+          nb::gil_scoped_release release;
+          r = llar::RunSol(ordinals, iters);
+        }
+        nb::dict d;
+        d["fence_ns"] = r.fence_ns;
+        d["fence_system_ns"] = r.fence_system_ns;
+        d["l2_chase_ns"] = r.l2_chase_ns;
+        d["remote_4b_ns"] = r.remote_4b_ns;
+        d["remote_ll_ns"] = r.remote_ll_ns;
+        d["fanout_ll_ns"] = r.fanout_ll_ns;
+        d["empty_kernel_graph_us"] = r.empty_kernel_graph_us;
+        return d;
+      },
+      nb::arg("ordinals"), nb::arg("iters"),
+      "Speed-of-light microbenchmarks on the given CUDA ordinals (ns / us).");
 
   m.def("nccl_runtime_version", &llar::NcclRuntimeVersion);
   m.def("nccl_compiled_version", &llar::NcclCompiledVersion);
