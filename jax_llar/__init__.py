@@ -3,11 +3,10 @@
 ``jax_llar.psum(x, axis_name)`` is ``lax.psum`` for code inside a jitted
 ``jax.shard_map``; on CUDA GPUs connected by NVLink, small psums run as a
 barrier-free one-shot LL all-reduce (arXiv 2607.16100) through an XLA FFI
-custom call, in about a tenth of the time of ``lax.psum``. Everything else
-falls back to ``lax.psum`` with the reason logged once.
+custom call (2.2-4.2x faster per step than ``lax.psum`` inside XLA on
+2 x H200; see the README's performance section). Everything else falls back
+to ``lax.psum`` with the reason logged once.
 """
-
-from __future__ import annotations
 
 from jax_llar import config
 from jax_llar._log import Decision, clear_dispatch_log, dispatch_log

@@ -28,12 +28,13 @@ class Decision:
     reason: short category: ``"fast_path"``, ``"platform"``, ``"dtype"``,
       ``"size"``, ``"empty"``, ``"world_size"``, ``"mesh"``, ``"multiprocess"``,
       ``"extension"``, ``"communicator"``, ``"disabled"``,
-      ``"axis_index_groups"``.
+      ``"axis_index_groups"``, ``"positional_axes"``.
     detail: human-readable explanation.
     axes: reduced mesh axes.
     dtype: element dtype name.
     bytes_per_rank: payload bytes per rank.
-    world_size: ranks per replica group (0 when unknown).
+    world_size: ranks per replica group (0 when the decision was taken before
+      the groups were formed: platform, dtype, empty, disabled, mesh).
     comm_id: communicator-set id for the fast path, else 0.
   """
   impl: str
@@ -47,6 +48,7 @@ class Decision:
 
   @property
   def fast(self) -> bool:
+    """True when the psum runs on a jax_llar kernel."""
     return self.impl != "lax.psum"
 
 
@@ -72,7 +74,12 @@ def log_once(key: str, message: str, level: int = logging.WARNING) -> None:
 
 
 def dispatch_log() -> list[Decision]:
-  """Returns the recorded decisions, oldest first."""
+  """Returns the recorded decisions (at most the last 10,000), oldest first.
+
+  One entry per lowering of a psum. JAX lowers identical psums of one program
+  (same shape, dtype and axes) once, so a program can hold more all-reduces
+  than it has entries here.
+  """
   with _lock:
     return list(_records)
 

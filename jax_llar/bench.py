@@ -49,6 +49,17 @@ from jax_llar import _copy, _ext, testing
 IMPLS = ("lax.psum", "xla.custom_call_copy", "llar.one_shot_ll")
 DTYPES = {"f32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16),
           "f16": np.dtype(np.float16)}
+DTYPES.update({"float32": DTYPES["f32"], "bfloat16": DTYPES["bf16"],
+               "float16": DTYPES["f16"]})
+
+
+def _dtypes_arg(text: str) -> list[str]:
+  names = [t.strip() for t in text.split(",") if t.strip()]
+  bad = [n for n in names if n not in DTYPES]
+  if bad:
+    raise argparse.ArgumentTypeError(
+        f"unknown dtype(s) {bad}; use f32, bf16, f16 (or float32, bfloat16, float16)")
+  return names
 DEFAULT_SIZES = (64, 256, 1024, 4096, 16384, 65536, 262144)
 
 
@@ -256,18 +267,22 @@ def print_table(rows):
     cells = []
     for i in impls:
       r = v.get(i)
+      mark = ("" if r is None or r["correct"] else "!") + (
+          "*" if r is not None and r.get("fast_path") is False else "")
       cells.append(f"{r['us_per_call']:8.2f} [{r['us_round_min']:5.1f},{r['us_round_max']:5.1f}]"
-                   f"{'' if r['correct'] else '!'}" if r else f"{'-':>22s}")
+                   f"{mark}" if r else f"{'-':>22s}")
     line = f"{dt:9s} {b:8d} " + " ".join(f"{c:>22s}" for c in cells)
-    if all(i in v for i in ("llar.one_shot_ll", "xla.custom_call_copy", "lax.psum")):
+    if (all(i in v for i in ("llar.one_shot_ll", "xla.custom_call_copy", "lax.psum"))
+        and v["llar.one_shot_ll"].get("fast_path")):
       ll, cp, ps = (v[i]["us_per_call"] for i in ("llar.one_shot_ll", "xla.custom_call_copy", "lax.psum"))
       line += f" {ll - cp:10.2f} {ps / ll if ll > 0 else float('nan'):10.1f}"
       dl, dc = v["llar.one_shot_ll"].get("device_period_us"), v["xla.custom_call_copy"].get("device_period_us")
       line += f" {dl - dc:14.2f}" if dl and dc else f" {'-':>14s}"
     print(line)
   print("(us per step: median-of-all slope [min, max over rounds]; '!' = result "
-        "did not match the host simulation; 'dev llar-copy': difference of the "
-        "per-step device periods read from a profiler trace)")
+        "did not match the host simulation; '*' = jax_llar fell back to lax.psum, "
+        "so no ratio is printed; 'dev llar-copy': difference of the per-step "
+        "device periods read from a profiler trace)")
 
 
 KERNEL_IMPLS = {"llar.one_shot_ll": "one_shot_ll", "kernel.copy": "copy",
@@ -289,7 +304,7 @@ def run_kernel_level(args) -> dict:
   rng = np.random.default_rng(args.seed)
   rows = []
   impls = [i for i in args.impls.split(",") if i in KERNEL_IMPLS] or list(KERNEL_IMPLS)
-  for dt_name in args.dtypes.split(","):
+  for dt_name in args.dtypes:
     dtype = DTYPES[dt_name]
     for nbytes in args.sizes:
       n = max(1, nbytes // dtype.itemsize)
@@ -329,7 +344,7 @@ def run_jax_level(args) -> dict:
   mesh = Mesh(np.array(devices[: args.world or len(devices)]), ("x",))
   rng = np.random.default_rng(args.seed)
   rows = []
-  for dt_name in args.dtypes.split(","):
+  for dt_name in args.dtypes:
     dtype = DTYPES[dt_name]
     for nbytes in args.sizes:
       for impl in args.impls.split(","):
@@ -347,26 +362,35 @@ def run_jax_level(args) -> dict:
 
 
 def main(argv=None):
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--level", choices=["jax", "kernel"], default="jax")
+  p = argparse.ArgumentParser(
+      description=__doc__.splitlines()[0] + " Times are microseconds per step "
+      "(jax) or per call (kernel). Needs 2+ CUDA GPUs for meaningful numbers; on "
+      "CPU the llar rows fall back to lax.psum (marked '*').",
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  p.add_argument("--level", choices=["jax", "kernel"], default="jax",
+                 help="jax: jitted shard_map chains (slope method); kernel: CUDA "
+                      "graphs of back-to-back calls without XLA")
   p.add_argument("--kernel-iters", type=int, default=1000,
                  help="calls captured per graph at the kernel level")
   p.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")],
                  default=list(DEFAULT_SIZES), help="bytes per rank, comma separated")
-  p.add_argument("--dtypes", default="f32,bf16")
+  p.add_argument("--dtypes", type=_dtypes_arg, default="f32,bf16",
+                 help="comma separated: f32, bf16, f16")
   p.add_argument("--impls", default="",
                  help=f"comma separated; jax level: {','.join(IMPLS)}; kernel level: "
                       f"{','.join(KERNEL_IMPLS)} (default: all)")
-  p.add_argument("--k-short", type=int, default=32)
-  p.add_argument("--k-long", type=int, default=512)
+  p.add_argument("--k-short", type=int, default=32, help="short chain length (jax level)")
+  p.add_argument("--k-long", type=int, default=512, help="long chain length (jax level)")
   p.add_argument("--calls", type=int, default=40, help="timed calls per chain length")
-  p.add_argument("--rounds", type=int, default=5)
+  p.add_argument("--rounds", type=int, default=5,
+                 help="interleaved timing rounds (jax) / graph replays (kernel)")
   p.add_argument("--world", type=int, default=0, help="devices to use (0: all)")
   p.add_argument("--timeline-max-bytes", type=int, default=4096,
                  help="also read the per-step device period from a profiler "
                       "trace at sizes up to this (jax level, not lax.psum)")
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--out", default="benchmarks/results")
+  p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+  p.add_argument("--out", default="benchmarks/results",
+                 help="folder for <machine>-<yyyymmdd>-<level><tag>.json/.png")
   p.add_argument("--tag", default="", help="suffix for the result file name")
   args = p.parse_args(argv)
   if args.level == "kernel":
@@ -378,13 +402,15 @@ def main(argv=None):
   stem = f"{machine_name()}-{datetime.date.today():%Y%m%d}-{args.level}{args.tag}"
   with open(os.path.join(args.out, stem + ".json"), "w") as f:
     json.dump(result, f, indent=1)
+  saved = [stem + ".json"]
   try:
     plot(result["rows"], os.path.join(args.out, stem + ".png"), machine_name())
+    saved.append(stem + ".png")
   except ImportError:
-    print("matplotlib missing: no plot", file=sys.stderr)
+    print("matplotlib missing: no plot (pip install matplotlib)", file=sys.stderr)
   if args.level == "jax":
     print_table(result["rows"])
-  print(f"saved {os.path.join(args.out, stem)}.json/.png")
+  print(f"saved {', '.join(os.path.join(args.out, f) for f in saved)}")
   bad = [r for r in result["rows"] if not r["correct"]]
   return 1 if bad else 0
 

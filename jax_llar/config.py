@@ -5,13 +5,14 @@ uses it (``jax_llar.config.settings.timeout_ms = 2000``). Changes apply to
 programs lowered afterwards; compiled programs keep what they were built with.
 
 Environment variables:
-  JAX_LLAR_DISABLE=1        never use the fast path (every psum is lax.psum).
+  JAX_LLAR_DISABLE=1        never use the fast path (every psum is lax.psum);
+                            1/true/yes/on or 0/false/no/off.
   JAX_LLAR_TIMEOUT_MS=N     bound on every device-side wait, milliseconds
                             (default 10000). A wait that runs out fails the
                             call with a report of rank, slot and epoch.
   JAX_LLAR_MAX_BYTES=N      largest per-rank payload (bytes) given to the fast
-                            path (default and cap: the one-shot LL limit,
-                            262144 bytes).
+                            path, 0 .. 262144 (default and cap: the one-shot
+                            LL limit).
 """
 
 from __future__ import annotations
@@ -20,6 +21,19 @@ import dataclasses
 import os
 
 ONE_SHOT_LIMIT_BYTES = 64 * 512 * 8  # ffi/include/llar/args.h: kOneShotMaxBytes
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def _env_bool(name: str) -> bool:
+  raw = os.environ.get(name, "").strip().lower()
+  if raw in _TRUE:
+    return True
+  if raw in _FALSE:
+    return False
+  raise ValueError(f"{name} must be one of {_TRUE + _FALSE[1:]}, got {raw!r}")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -34,22 +48,43 @@ def _env_int(name: str, default: int) -> int:
 
 @dataclasses.dataclass
 class Settings:
-  """Mutable settings; see the module docstring."""
+  """Mutable settings; see the module docstring. Assignments are checked.
+
+  Attributes:
+    disabled: True: every psum lowers to lax.psum.
+    timeout_ms: bound on every device-side wait, milliseconds (> 0); applies
+      to communicators created afterwards.
+    max_bytes: largest per-rank payload in bytes for the fast path,
+      0 .. 262144 (0 sends every psum to lax.psum).
+
+  Raises:
+    ValueError: on assignment of an out-of-range value.
+  """
   disabled: bool = False
   timeout_ms: int = 10_000
   max_bytes: int = ONE_SHOT_LIMIT_BYTES
 
+  def __setattr__(self, name, value):
+    if name == "timeout_ms" and (not isinstance(value, int) or value <= 0):
+      raise ValueError(f"timeout_ms must be a positive int (milliseconds), got {value!r}")
+    if name == "max_bytes" and (not isinstance(value, int) or
+                                not 0 <= value <= ONE_SHOT_LIMIT_BYTES):
+      raise ValueError(f"max_bytes must be an int in 0..{ONE_SHOT_LIMIT_BYTES}, got {value!r}")
+    if name == "disabled":
+      value = bool(value)
+    super().__setattr__(name, value)
+
 
 def _from_env() -> Settings:
-  s = Settings(
-      disabled=os.environ.get("JAX_LLAR_DISABLE", "") not in ("", "0"),
-      timeout_ms=_env_int("JAX_LLAR_TIMEOUT_MS", 10_000),
-      max_bytes=min(_env_int("JAX_LLAR_MAX_BYTES", ONE_SHOT_LIMIT_BYTES),
-                    ONE_SHOT_LIMIT_BYTES),
-  )
-  if s.timeout_ms <= 0:
-    raise ValueError("JAX_LLAR_TIMEOUT_MS must be positive")
-  return s
+  try:
+    return Settings(
+        disabled=_env_bool("JAX_LLAR_DISABLE"),
+        timeout_ms=_env_int("JAX_LLAR_TIMEOUT_MS", 10_000),
+        max_bytes=min(_env_int("JAX_LLAR_MAX_BYTES", ONE_SHOT_LIMIT_BYTES),
+                      ONE_SHOT_LIMIT_BYTES),
+    )
+  except ValueError as e:
+    raise ValueError(f"jax_llar settings from the environment: {e}") from None
 
 
 settings = _from_env()

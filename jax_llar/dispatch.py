@@ -102,8 +102,8 @@ def decide(axis_ctx, aval, axes) -> _log.Decision:
     return fb("world_size", f"replica groups of {world} devices exceed the "
               f"{MAX_RANKS} the kernels serve", world)
   if nbytes > settings.max_bytes:
-    return fb("size", f"{nbytes} bytes per rank exceeds the one-shot limit "
-              f"{settings.max_bytes}", world, level=logging.INFO)
+    return fb("size", f"more than {settings.max_bytes} bytes per rank (the "
+              "one-shot limit; JAX_LLAR_MAX_BYTES)", world)
   entry = _entry_for(world, nbytes)
   if entry is None:
     return fb("size", f"no tuning entry for world {world}, {nbytes} bytes", world)

@@ -179,12 +179,19 @@ def check(out_dir: str, xla_flags: str = "", impl: str = "llar") -> dict:
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--out", default=tempfile.mkdtemp(prefix="llar_graphcheck_"))
-  p.add_argument("--xla-flags", default="")
+  p = argparse.ArgumentParser(
+      description=__doc__.splitlines()[0] + " Needs 2+ CUDA GPUs; exit status 0 "
+      "when the custom call was captured into a command buffer, 1 otherwise.")
+  p.add_argument("--out", default=None,
+                 help="folder for the XLA dump and profiler traces (default: a new "
+                      "temporary folder)")
+  p.add_argument("--xla-flags", default="",
+                 help="extra XLA_FLAGS for the child process, e.g. "
+                      "--xla_gpu_enable_command_buffer=")
   p.add_argument("--timeline-copy", action="store_true",
                  help="also profile the same chain with the trivial copy call")
   args = p.parse_args(argv)
+  args.out = args.out or tempfile.mkdtemp(prefix="llar_graphcheck_")
   verdict = check(args.out, args.xla_flags)
   if args.timeline_copy:
     copy = check(args.out, args.xla_flags, impl="copy")

@@ -75,10 +75,16 @@ def psum(x: Any, axis_name, *, axis_index_groups=None) -> Any:
     reduced axes, exactly like ``lax.psum``. Differentiable (``jax.grad``) and
     batchable (``jax.vmap``) like ``lax.psum``.
 
+    The fast path adds in float64 in rank order; ``lax.psum`` (NCCL) may add
+    in another order, so beyond two ranks results can differ from
+    ``lax.psum`` in the last bit. ``JAX_LLAR_MAX_BYTES`` lowers the size limit.
+    Positional (integer) axes and ``axis_index_groups`` are ``lax.psum``'s.
+    Names of ``vmap``/``pmap`` axes work as they do for ``lax.psum``.
+
   Raises:
     NameError: an axis name is not bound (called outside ``shard_map``).
-    ValueError: with ``check_vma=True``, `x` varies over none of the axes
-      (the same error ``lax.psum`` raises).
+    ValueError: `x` is varying over some of the axes and not others (the
+      same rule and message as ``lax.psum``).
   """
   axes = _canonical_axes(axis_name)
   if not axes:
