@@ -92,9 +92,12 @@ def _load_locked() -> None:
     _reason = f"cannot import the CUDA extension: {e}"
     return
   runtime, compiled = mod.nccl_runtime_version(), mod.nccl_compiled_version()
-  if runtime < compiled:
-    _reason = (f"the NCCL loaded in this process is {runtime}, older than the "
-               f"{compiled} the kernels were compiled against ({path})")
+  if runtime < compiled or runtime // 100 != compiled // 100:
+    # Device code reads NCCL's window and device-communicator structs with the
+    # layout of the headers it was compiled against: same major.minor only.
+    _reason = (f"the NCCL loaded in this process is {runtime}; the kernels were "
+               f"compiled against {compiled} and need the same major.minor, at "
+               f"least that patch level ({path})")
     return
   for name, fn in mod.registrations().items():
     jax.ffi.register_ffi_target(name, fn, platform="CUDA")

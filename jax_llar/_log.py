@@ -36,6 +36,7 @@ class Decision:
     world_size: ranks per replica group (0 when the decision was taken before
       the groups were formed: platform, dtype, empty, disabled, mesh).
     comm_id: communicator-set id for the fast path, else 0.
+    comm_key: fingerprint of that set's device groups, else 0.
   """
   impl: str
   reason: str
@@ -45,6 +46,7 @@ class Decision:
   bytes_per_rank: int
   world_size: int = 0
   comm_id: int = 0
+  comm_key: int = 0
 
   @property
   def fast(self) -> bool:

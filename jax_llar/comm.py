@@ -32,11 +32,14 @@ class CommSet:
 
   Attributes:
     comm_id: id passed to the FFI handler (static attribute ``comm_id``).
+    key: fingerprint of the groups (static attribute ``comm_key``), checked
+      by the handler at instantiation.
     groups: replica groups as tuples of local CUDA ordinals, rank order.
     world_size: ranks per group.
     scratch_bytes: symmetric scratch bytes held per device.
   """
   comm_id: int
+  key: int
   groups: tuple[tuple[int, ...], ...]
   world_size: int
   scratch_bytes: int
@@ -58,14 +61,16 @@ def get_or_create(groups: Sequence[Sequence[int]]) -> CommSet:
   with _lock:
     hit = _sets.get(key)
     if isinstance(hit, CommError):
-      raise hit
+      raise CommError(str(hit))  # a fresh error: no traceback kept from earlier
     if hit is not None:
       return hit
     mod = _ext.load()
     if mod is None:
       raise CommError(_ext.reason() or "extension unavailable")
     # Our communicators never use NVLink SHARP (multicast); keep NCCL from
-    # setting it up on shared machines unless the user asked for it.
+    # setting it up unless the user asked for it. NCCL reads the variable once
+    # per process, so this also applies to XLA's NCCL communicators created
+    # later (README: build notes).
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     try:
       comm_id = mod.create_comm_set([list(g) for g in key],
@@ -74,7 +79,8 @@ def get_or_create(groups: Sequence[Sequence[int]]) -> CommSet:
       err = CommError(str(e))
       _sets[key] = err
       raise err from None
-    cs = CommSet(comm_id=comm_id, groups=key, world_size=len(key[0]),
+    cs = CommSet(comm_id=comm_id, key=int(mod.comm_key(comm_id)), groups=key,
+                 world_size=len(key[0]),
                  scratch_bytes=int(mod.scratch_bytes(comm_id)))
     _sets[key] = cs
     return cs

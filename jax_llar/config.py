@@ -8,8 +8,12 @@ Environment variables:
   JAX_LLAR_DISABLE=1        never use the fast path (every psum is lax.psum);
                             1/true/yes/on or 0/false/no/off.
   JAX_LLAR_TIMEOUT_MS=N     bound on every device-side wait, milliseconds
-                            (default 10000). A wait that runs out fails the
-                            call with a report of rank, slot and epoch.
+                            (default 30000). A wait that runs out fails the
+                            call with a report of rank, slot and epoch, and
+                            the CUDA context of that device is lost (the
+                            process must restart). Fixed per communicator set
+                            when the set is created (first fast-path lowering
+                            for a device layout).
   JAX_LLAR_MAX_BYTES=N      largest per-rank payload (bytes) given to the fast
                             path, 0 .. 262144 (default and cap: the one-shot
                             LL limit).
@@ -53,7 +57,8 @@ class Settings:
   Attributes:
     disabled: True: every psum lowers to lax.psum.
     timeout_ms: bound on every device-side wait, milliseconds (> 0); applies
-      to communicators created afterwards.
+      to communicator sets created afterwards (a set is created once per
+      device layout and kept).
     max_bytes: largest per-rank payload in bytes for the fast path,
       0 .. 262144 (0 sends every psum to lax.psum).
 
@@ -61,7 +66,7 @@ class Settings:
     ValueError: on assignment of an out-of-range value.
   """
   disabled: bool = False
-  timeout_ms: int = 10_000
+  timeout_ms: int = 30_000
   max_bytes: int = ONE_SHOT_LIMIT_BYTES
 
   def __setattr__(self, name, value):
@@ -79,7 +84,7 @@ def _from_env() -> Settings:
   try:
     return Settings(
         disabled=_env_bool("JAX_LLAR_DISABLE"),
-        timeout_ms=_env_int("JAX_LLAR_TIMEOUT_MS", 10_000),
+        timeout_ms=_env_int("JAX_LLAR_TIMEOUT_MS", 30_000),
         max_bytes=min(_env_int("JAX_LLAR_MAX_BYTES", ONE_SHOT_LIMIT_BYTES),
                       ONE_SHOT_LIMIT_BYTES),
     )

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import re
 
 import jax
 import numpy as np
@@ -85,6 +87,13 @@ def decide(axis_ctx, aval, axes) -> _log.Decision:
       reason, detail, axes, dtype, nbytes, world, level)
   if settings.disabled:
     return fb("disabled", "JAX_LLAR_DISABLE is set", level=logging.INFO)
+  if re.search(r"xla_gpu_command_buffer_scheduling_mode\s*=\s*CONCURRENT",
+               os.environ.get("XLA_FLAGS", ""), re.I):
+    # In this mode XLA orders graph nodes only by declared buffer uses; two
+    # independent all-reduces could overlap on one GPU and share the
+    # communicator's epoch counters.
+    return fb("xla_flags", "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT "
+              "can run independent custom calls concurrently")
   if dtype not in SUPPORTED_DTYPES:
     return fb("dtype", f"dtype {dtype} is not one of float32, bfloat16, float16")
   if nbytes == 0:
@@ -123,7 +132,7 @@ def decide(axis_ctx, aval, axes) -> _log.Decision:
   return _log.record(_log.Decision(
       f"llar.{entry.algorithm}", "fast_path",
       f"{entry.algorithm} over {world} ranks", tuple(axes), str(dtype), nbytes,
-      world, cs.comm_id))
+      world, cs.comm_id, cs.key))
 
 
 def algorithm_id(decision: _log.Decision) -> int:

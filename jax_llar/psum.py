@@ -105,6 +105,8 @@ def psum(x: Any, axis_name, *, axis_index_groups=None) -> Any:
     if not isinstance(leaf, core.Tracer):
       return _lax_psum(leaf, axes)  # constants: lax multiplies by the axis size
     aval = core.typeof(leaf)
+    if jax.dtypes.issubdtype(aval.dtype, jax.dtypes.extended):
+      return _lax_psum(leaf, axes)  # e.g. PRNG keys: lax's own rules and errors
     # The same type rule as lax.psum: all axes varying, or all invariant (then
     # auto_pcast makes them varying); mixed states are an error.
     state = _axes_state(aval, axes)
@@ -236,6 +238,7 @@ def _lowering_cuda(ctx, x, *, axes, check_vma):
     return _lax_psum_lowering(ctx, x, axes=axes, check_vma=check_vma)
   return jax.ffi.ffi_lowering(_ext.TARGET_ALL_REDUCE)(
       ctx, x, comm_id=np.int64(decision.comm_id),
+      comm_key=np.int64(decision.comm_key),
       algorithm=np.int64(dispatch.algorithm_id(decision)))
 
 

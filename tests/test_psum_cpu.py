@@ -728,7 +728,7 @@ def fake_gpus(monkeypatch):
 
   def get_or_create(groups):
     calls.append(groups)
-    return comm.CommSet(comm_id=5, groups=tuple(map(tuple, groups)),
+    return comm.CommSet(comm_id=5, key=1234, groups=tuple(map(tuple, groups)),
                         world_size=len(groups[0]), scratch_bytes=1 << 20)
 
   monkeypatch.setattr(dispatch, "replica_groups", groups)
@@ -785,8 +785,8 @@ def test_decide_gpu_branches(monkeypatch, fake_gpus):
   ctx, axes = _ctx(), ("b",)
   limit = llar_settings.max_bytes
   d = dispatch.decide(ctx, _aval((limit // 2,), np.float16), axes)
-  assert (d.impl, d.reason, d.comm_id, d.world_size) == (
-      "llar.one_shot_ll", "fast_path", 5, 4)
+  assert (d.impl, d.reason, d.comm_id, d.comm_key, d.world_size) == (
+      "llar.one_shot_ll", "fast_path", 5, 1234, 4)
   assert d.fast and dispatch.algorithm_id(d) == 1
   assert fake_gpus == [[[0, 1, 2, 3], [4, 5, 6, 7]]]
   assert dispatch.decide(ctx, _aval((limit // 2 + 1,), np.float16),
@@ -873,12 +873,13 @@ def test_cuda_lowering_emits_ffi_call(monkeypatch):
   def fast(axis_ctx, aval, axes):
     seen.append((type(axis_ctx), aval.shape, axes))
     return _log.Decision("llar.one_shot_ll", "fast_path", "", tuple(axes),
-                         "float32", 32, 2, 7)
+                         "float32", 32, 2, 7, 4242)
 
   monkeypatch.setattr(dispatch, "decide", fast)
   text = _cuda_text(jax_llar.psum, x, mesh)
   assert "custom_call @jax_llar_all_reduce" in text
   assert "comm_id = 7" in text and "algorithm = 1" in text
+  assert "comm_key = 4242" in text
   assert "all_reduce\"" not in text
   assert seen == [(SPMDAxisContext, (1, 8), ("x",))]
   # Lowered for CUDA and CPU together: the CPU branch keeps lax.psum.

@@ -41,18 +41,20 @@ bool ToDType(ffi::DataType t, DType* out) {
   }
 }
 
-ffi::Error AllReduceInstantiate(int64_t comm_id, int64_t algorithm) {
-  if (comm_id <= 0 || ScratchBytesOf(comm_id) == 0) {
+ffi::Error AllReduceInstantiate(int64_t comm_id, int64_t comm_key,
+                                int64_t algorithm) {
+  if (comm_id <= 0 || KeyOf(comm_id) != comm_key) {
     return ffi::Error::InvalidArgument(
         "jax_llar: communicator set " + std::to_string(comm_id) +
-        " does not exist in this process (was the program compiled in another "
-        "process?)");
+        " does not exist in this process with the devices this program was "
+        "lowered for (was it compiled in another process?); lower it again here");
   }
   return CheckAlgorithm(algorithm);
 }
 
 ffi::Error AllReduceInitialize(int32_t ordinal, int64_t comm_id,
-                               int64_t algorithm) {
+                               int64_t comm_key, int64_t algorithm) {
+  (void)comm_key;  // checked at instantiate
   if (Lookup(comm_id, ordinal) == nullptr) {
     return ffi::Error::InvalidArgument(
         "jax_llar: communicator set " + std::to_string(comm_id) +
@@ -63,7 +65,8 @@ ffi::Error AllReduceInitialize(int32_t ordinal, int64_t comm_id,
 
 ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
                             ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
-                            int64_t comm_id, int64_t algorithm) {
+                            int64_t comm_id, int64_t comm_key, int64_t algorithm) {
+  (void)comm_key;  // checked at instantiate
   const DeviceContext* ctx = Lookup(comm_id, ordinal);
   if (ctx == nullptr) {
     return ffi::Error::InvalidArgument(
@@ -110,12 +113,14 @@ ffi::Error CopyExecute(cudaStream_t stream, ffi::AnyBuffer x,
 XLA_FFI_DEFINE_HANDLER(kAllReduceInstantiate, AllReduceInstantiate,
                        ffi::Ffi::BindInstantiate()
                            .Attr<int64_t>("comm_id")
+                           .Attr<int64_t>("comm_key")
                            .Attr<int64_t>("algorithm"));
 
 XLA_FFI_DEFINE_HANDLER(kAllReduceInitialize, AllReduceInitialize,
                        ffi::Ffi::BindInitialize()
                            .Ctx<ffi::DeviceOrdinal>()
                            .Attr<int64_t>("comm_id")
+                           .Attr<int64_t>("comm_key")
                            .Attr<int64_t>("algorithm"));
 
 XLA_FFI_DEFINE_HANDLER(kAllReduceExecute, AllReduceExecute,
@@ -125,6 +130,7 @@ XLA_FFI_DEFINE_HANDLER(kAllReduceExecute, AllReduceExecute,
                            .Arg<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Attr<int64_t>("comm_id")
+                           .Attr<int64_t>("comm_key")
                            .Attr<int64_t>("algorithm"),
                        {ffi::Traits::kCmdBufferCompatible});
 

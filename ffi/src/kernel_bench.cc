@@ -64,6 +64,12 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
   }
   int prev = 0;
   cudaGetDevice(&prev);
+  // The bench advances the set's epoch counters: nothing else may be running
+  // on these devices (XLA programs using the same set) while it does.
+  for (int d : group) {
+    Check(cudaSetDevice(d), "cudaSetDevice");
+    Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
   std::vector<Rank> ranks(n);
   for (int r = 0; r < n; ++r) {
     Rank& k = ranks[r];

@@ -47,6 +47,8 @@ NB_MODULE(_llar, m) {
       "local CUDA ordinals; returns the communicator-set id. Raises "
       "RuntimeError on failure.");
 
+  m.def("comm_key", &llar::KeyOf, nb::arg("comm_id"),
+        "Fingerprint of a communicator set's groups (the FFI attribute comm_key).");
   m.def("scratch_bytes", &llar::ScratchBytesOf, nb::arg("comm_id"),
         "Bytes of symmetric scratch per device of a communicator set.");
 

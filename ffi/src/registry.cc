@@ -58,6 +58,20 @@ void CheckNccl(ncclResult_t r, const char* what) {
   }
 }
 
+// Runs `calls` between ncclGroupStart and ncclGroupEnd; the group is closed
+// even when a call throws, so a failed creation leaves no open NCCL group.
+template <typename F>
+void GroupedCalls(const char* what, F&& calls) {
+  CheckNccl(ncclGroupStart(), "ncclGroupStart");
+  try {
+    calls();
+  } catch (...) {
+    ncclGroupEnd();
+    throw;
+  }
+  CheckNccl(ncclGroupEnd(), what);
+}
+
 class DeviceGuard {  // restores the caller's current device
  public:
   DeviceGuard() { cudaGetDevice(&prev_); }
@@ -129,13 +143,13 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
 
   // Window registration and device communicators are collective over the
   // group; one thread drives every rank, so each must be grouped.
-  CheckNccl(ncclGroupStart(), "ncclGroupStart");
-  for (int i = 0; i < n; ++i) {
-    CheckNccl(ncclCommWindowRegister(devs[i]->comm, devs[i]->scratch, scratch_bytes,
-                                     &devs[i]->window, NCCL_WIN_COLL_SYMMETRIC),
-              "ncclCommWindowRegister");
-  }
-  CheckNccl(ncclGroupEnd(), "ncclGroupEnd(window register)");
+  GroupedCalls("ncclCommWindowRegister", [&] {
+    for (int i = 0; i < n; ++i) {
+      CheckNccl(ncclCommWindowRegister(devs[i]->comm, devs[i]->scratch, scratch_bytes,
+                                       &devs[i]->window, NCCL_WIN_COLL_SYMMETRIC),
+                "ncclCommWindowRegister");
+    }
+  });
 
   ncclDevCommRequirements reqs;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 30, 0)
@@ -143,12 +157,12 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
 #else
   std::memset(&reqs, 0, sizeof(reqs));  // 2.28/2.29 have no initializer macro
 #endif
-  CheckNccl(ncclGroupStart(), "ncclGroupStart");
-  for (int i = 0; i < n; ++i) {
-    CheckNccl(ncclDevCommCreate(devs[i]->comm, &reqs, &devs[i]->dev_comm),
-              "ncclDevCommCreate");
-  }
-  CheckNccl(ncclGroupEnd(), "ncclGroupEnd(dev comm create)");
+  GroupedCalls("ncclDevCommCreate", [&] {
+    for (int i = 0; i < n; ++i) {
+      CheckNccl(ncclDevCommCreate(devs[i]->comm, &reqs, &devs[i]->dev_comm),
+                "ncclDevCommCreate");
+    }
+  });
 
   for (int i = 0; i < n; ++i) {
     DeviceResources& d = *devs[i];
@@ -223,6 +237,25 @@ uint64_t ScratchBytesOf(int64_t comm_id) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) return 0;
   return g_sets[comm_id]->scratch_bytes;
+}
+
+int64_t KeyOfGroups(const std::vector<std::vector<int>>& groups) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) {
+    h ^= v;
+    h *= 1099511628211ull;
+  };
+  for (const auto& g : groups) {
+    for (int d : g) mix(static_cast<uint64_t>(d) + 1);
+    mix(0xffffull);  // group separator
+  }
+  return static_cast<int64_t>(h & 0x7fffffffffffffffull);
+}
+
+int64_t KeyOf(int64_t comm_id) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) return 0;
+  return KeyOfGroups(g_sets[comm_id]->groups);
 }
 
 std::vector<std::vector<int>> GroupsOf(int64_t comm_id) {

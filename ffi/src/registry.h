@@ -38,6 +38,13 @@ struct DeviceContext {
 int CreateCommSet(const std::vector<std::vector<int>>& groups,
                   uint64_t timeout_ns);
 
+// A 63-bit fingerprint of the set's groups (FNV-1a over the ordinals). The
+// lowering passes it with the id, so an executable built in another process
+// (where the same id may name other devices) fails at instantiation instead
+// of pairing the wrong devices. 0 when the id is unknown.
+int64_t KeyOf(int64_t comm_id);
+int64_t KeyOfGroups(const std::vector<std::vector<int>>& groups);
+
 // Lock-free lookup used by the execute handler; nullptr when absent.
 const DeviceContext* Lookup(int64_t comm_id, int32_t ordinal);
 
