@@ -39,12 +39,12 @@ __device__ __forceinline__ void StoreLine16(uint32_t* p, uint32_t v) {
 }
 
 __device__ __forceinline__ bool LineIs(const uint32_t* p, uint32_t v) {
-  uint32_t a, b, c, d;
+  uint32_t w[4];
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
                : "l"(p)
                : "memory");
-  return b == v && d == v;
+  return w[1] == v && w[3] == v;
 }
 
 // Bounded wait for *p == v (or for a 16-byte line carrying v); false on timeout.
