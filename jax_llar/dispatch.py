@@ -53,7 +53,7 @@ TUNING_TABLE = (
 
 def _entry_for(world: int, nbytes: int) -> TuningEntry | None:
   for e in TUNING_TABLE:
-    if e.min_world <= world <= e.max_world and nbytes <= min(e.max_bytes, settings.max_bytes):
+    if e.min_world <= world <= e.max_world and nbytes <= e.max_bytes:
       return e
   return None
 

@@ -18,7 +18,7 @@ def status() -> dict[str, Any]:
     (path), ``comm_sets`` (list of dicts: id, groups of CUDA ordinals,
     world size, scratch bytes per device) and ``settings``.
   """
-  mod = _ext.load() if _ext.built() else None
+  mod = _ext.load()
   return {
       "built": _ext.built(),
       "active": mod is not None,
@@ -44,5 +44,5 @@ def error_reports() -> list[dict[str, Any]]:
   for. Returns an empty list when nothing timed out or the extension is not
   loaded.
   """
-  mod = _ext.load() if _ext.built() else None
+  mod = _ext.load()
   return list(mod.error_reports()) if mod else []

@@ -4,26 +4,14 @@
 #include <nccl.h>
 
 #include <stdexcept>
+#include <string>
 
+#include "errors.h"
 #include "kernels/kernels.h"
 #include "registry.h"
 
 namespace llar {
 namespace {
-
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    throw std::runtime_error(std::string("jax_llar kernel bench: ") + what + ": " +
-                             cudaGetErrorString(e));
-  }
-}
-
-void CheckNccl(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess) {
-    throw std::runtime_error(std::string("jax_llar kernel bench: ") + what + ": " +
-                             ncclGetErrorString(r));
-  }
-}
 
 ncclDataType_t NcclType(DType d) {
   switch (d) {
@@ -67,27 +55,27 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
   // The bench advances the set's epoch counters: nothing else may be running
   // on these devices (XLA programs using the same set) while it does.
   for (int d : group) {
-    Check(cudaSetDevice(d), "cudaSetDevice");
-    Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    CheckCuda(cudaSetDevice(d), "cudaSetDevice");
+    CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   std::vector<Rank> ranks(n);
   for (int r = 0; r < n; ++r) {
     Rank& k = ranks[r];
     k.ordinal = group[r];
-    Check(cudaSetDevice(k.ordinal), "cudaSetDevice");
-    Check(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking), "stream");
-    Check(cudaMalloc(&k.in, bytes + 16), "cudaMalloc");
-    Check(cudaMalloc(&k.out, bytes + 16), "cudaMalloc");
-    Check(cudaMemcpy(k.in, inputs[r].data(), bytes, cudaMemcpyHostToDevice), "memcpy");
-    Check(cudaMemset(k.out, 0xff, bytes), "memset");  // poison
-    Check(cudaEventCreate(&k.start), "event");
-    Check(cudaEventCreate(&k.stop), "event");
+    CheckCuda(cudaSetDevice(k.ordinal), "cudaSetDevice");
+    CheckCuda(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking), "stream");
+    CheckCuda(cudaMalloc(&k.in, bytes + 16), "cudaMalloc");
+    CheckCuda(cudaMalloc(&k.out, bytes + 16), "cudaMalloc");
+    CheckCuda(cudaMemcpy(k.in, inputs[r].data(), bytes, cudaMemcpyHostToDevice), "memcpy");
+    CheckCuda(cudaMemset(k.out, 0xff, bytes), "memset");  // poison
+    CheckCuda(cudaEventCreate(&k.start), "event");
+    CheckCuda(cudaEventCreate(&k.stop), "event");
   }
   // Capture. NCCL calls of all ranks are grouped per step, so the streams are
   // captured together (relaxed mode: one thread drives every device).
   for (int r = 0; r < n; ++r) {
-    Check(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
-    Check(cudaStreamBeginCapture(ranks[r].stream, cudaStreamCaptureModeRelaxed), "capture");
+    CheckCuda(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
+    CheckCuda(cudaStreamBeginCapture(ranks[r].stream, cudaStreamCaptureModeRelaxed), "capture");
   }
   for (int i = 0; i < iters; ++i) {
     if (impl == "nccl") {
@@ -102,34 +90,34 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
       continue;
     }
     for (int r = 0; r < n; ++r) {
-      Check(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
+      CheckCuda(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
       if (impl == "copy") {
-        Check(LaunchCopy(ranks[r].in, ranks[r].out, bytes, ranks[r].stream), "copy launch");
+        CheckCuda(LaunchCopy(ranks[r].in, ranks[r].out, bytes, ranks[r].stream), "copy launch");
       } else {
         const DeviceContext* c = Lookup(comm_id, ranks[r].ordinal);
         AllReduceArgs a = c->base;
         a.in = ranks[r].in;
         a.out = ranks[r].out;
         a.n_bytes = bytes;
-        Check(LaunchOneShotLL(a, dtype, ranks[r].stream), "one-shot launch");
+        CheckCuda(LaunchOneShotLL(a, dtype, ranks[r].stream), "one-shot launch");
       }
     }
   }
   for (int r = 0; r < n; ++r) {
-    Check(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
-    Check(cudaStreamEndCapture(ranks[r].stream, &ranks[r].graph), "end capture");
-    Check(cudaGraphInstantiate(&ranks[r].exec, ranks[r].graph, 0), "instantiate");
+    CheckCuda(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
+    CheckCuda(cudaStreamEndCapture(ranks[r].stream, &ranks[r].graph), "end capture");
+    CheckCuda(cudaGraphInstantiate(&ranks[r].exec, ranks[r].graph, 0), "instantiate");
   }
   auto launch_all = [&](bool timed) {
     for (int r = 0; r < n; ++r) {
-      Check(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
-      if (timed) Check(cudaEventRecord(ranks[r].start, ranks[r].stream), "record");
-      Check(cudaGraphLaunch(ranks[r].exec, ranks[r].stream), "graph launch");
-      if (timed) Check(cudaEventRecord(ranks[r].stop, ranks[r].stream), "record");
+      CheckCuda(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
+      if (timed) CheckCuda(cudaEventRecord(ranks[r].start, ranks[r].stream), "record");
+      CheckCuda(cudaGraphLaunch(ranks[r].exec, ranks[r].stream), "graph launch");
+      if (timed) CheckCuda(cudaEventRecord(ranks[r].stop, ranks[r].stream), "record");
     }
     for (int r = 0; r < n; ++r) {
-      Check(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
-      Check(cudaStreamSynchronize(ranks[r].stream), "sync");
+      CheckCuda(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
+      CheckCuda(cudaStreamSynchronize(ranks[r].stream), "sync");
     }
   };
   KernelBenchResult result;
@@ -139,16 +127,16 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
     std::vector<double> per_rank(n);
     for (int r = 0; r < n; ++r) {
       float ms = 0;
-      Check(cudaEventElapsedTime(&ms, ranks[r].start, ranks[r].stop), "elapsed");
+      CheckCuda(cudaEventElapsedTime(&ms, ranks[r].start, ranks[r].stop), "elapsed");
       per_rank[r] = 1000.0 * ms / iters;
     }
     result.us_per_call.push_back(per_rank);
   }
   for (int r = 0; r < n; ++r) {
     Rank& k = ranks[r];
-    Check(cudaSetDevice(k.ordinal), "cudaSetDevice");
+    CheckCuda(cudaSetDevice(k.ordinal), "cudaSetDevice");
     std::vector<uint8_t> out(bytes);
-    Check(cudaMemcpy(out.data(), k.out, bytes, cudaMemcpyDeviceToHost), "memcpy");
+    CheckCuda(cudaMemcpy(out.data(), k.out, bytes, cudaMemcpyDeviceToHost), "memcpy");
     result.outputs.push_back(std::move(out));
     cudaGraphExecDestroy(k.exec);
     cudaGraphDestroy(k.graph);

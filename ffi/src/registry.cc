@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "errors.h"
 #include "kernels/kernels.h"
 #include "lsa_pointers.h"
 
@@ -42,21 +43,6 @@ std::vector<std::unique_ptr<CommSet>> g_sets(1);      // index = comm id; 0 unus
 std::array<std::array<std::atomic<const DeviceContext*>, kMaxOrdinals>,
            kMaxCommSets>
     g_table{};
-
-[[noreturn]] void Fail(const std::string& what) { throw std::runtime_error(what); }
-
-void CheckCuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    Fail(std::string("jax_llar: ") + what + ": " + cudaGetErrorString(e));
-  }
-}
-
-void CheckNccl(ncclResult_t r, const char* what) {
-  if (r != ncclSuccess) {
-    Fail(std::string("jax_llar: ") + what + ": " + ncclGetErrorString(r) +
-         " (" + ncclGetLastError(nullptr) + ")");
-  }
-}
 
 // Runs `calls` between ncclGroupStart and ncclGroupEnd; the group is closed
 // even when a call throws, so a failed creation leaves no open NCCL group.

@@ -3,6 +3,8 @@
 // device timestamps from %globaltimer, every wait bounded.
 #include "sol.h"
 
+#include "errors.h"
+
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -104,31 +106,24 @@ __global__ void FollowerKernel(const uint32_t* flag, uint32_t* ack, int n, int l
 
 __global__ void EmptyKernel() {}
 
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    throw std::runtime_error(std::string("jax_llar sol: ") + what + ": " +
-                             cudaGetErrorString(e));
-  }
-}
-
 template <typename T>
 T* DevAlloc(size_t n) {
   T* p = nullptr;
-  Check(cudaMalloc(&p, sizeof(T) * n), "cudaMalloc");
-  Check(cudaMemset(p, 0, sizeof(T) * n), "cudaMemset");
+  CheckCuda(cudaMalloc(&p, sizeof(T) * n), "cudaMalloc");
+  CheckCuda(cudaMemset(p, 0, sizeof(T) * n), "cudaMemset");
   return p;
 }
 
 uint64_t ReadU64(const uint64_t* dev, int i = 0) {
   uint64_t v = 0;
-  Check(cudaMemcpy(&v, dev + i, sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  CheckCuda(cudaMemcpy(&v, dev + i, sizeof(v), cudaMemcpyDeviceToHost), "cudaMemcpy");
   return v;
 }
 
 double FenceNs(bool system, int n) {
   uint64_t* out = DevAlloc<uint64_t>(1);
   FenceKernel<<<1, 1>>>(n, system, out);
-  Check(cudaDeviceSynchronize(), "fence kernel");
+  CheckCuda(cudaDeviceSynchronize(), "fence kernel");
   const double ns = double(ReadU64(out)) / n;
   cudaFree(out);
   return ns;
@@ -142,12 +137,12 @@ double ChaseNs(int n) {
   std::vector<uint32_t> next(kWords);
   for (size_t i = 0; i < kWords; ++i) next[order[i]] = order[(i + 1) % kWords];
   uint32_t* d = DevAlloc<uint32_t>(kWords);
-  Check(cudaMemcpy(d, next.data(), kWords * sizeof(uint32_t), cudaMemcpyHostToDevice), "memcpy");
+  CheckCuda(cudaMemcpy(d, next.data(), kWords * sizeof(uint32_t), cudaMemcpyHostToDevice), "memcpy");
   uint64_t* out = DevAlloc<uint64_t>(1);
   uint32_t* sink = DevAlloc<uint32_t>(1);
   ChaseKernel<<<1, 1>>>(d, n, out, sink);  // warm: pulls the chain into L2
   ChaseKernel<<<1, 1>>>(d, n, out, sink);
-  Check(cudaDeviceSynchronize(), "chase kernel");
+  CheckCuda(cudaDeviceSynchronize(), "chase kernel");
   const double ns = double(ReadU64(out)) / n;
   cudaFree(d);
   cudaFree(out);
@@ -157,23 +152,23 @@ double ChaseNs(int n) {
 
 double EmptyKernelInGraphUs(int n) {
   cudaStream_t s;
-  Check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  CheckCuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
   cudaGraph_t g;
   cudaGraphExec_t ge;
-  Check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
+  CheckCuda(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "capture");
   for (int i = 0; i < n; ++i) EmptyKernel<<<1, 32, 0, s>>>();
-  Check(cudaStreamEndCapture(s, &g), "end capture");
-  Check(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+  CheckCuda(cudaStreamEndCapture(s, &g), "end capture");
+  CheckCuda(cudaGraphInstantiate(&ge, g, 0), "instantiate");
   cudaEvent_t a, b;
-  Check(cudaEventCreate(&a), "event");
-  Check(cudaEventCreate(&b), "event");
-  Check(cudaGraphLaunch(ge, s), "launch");  // warm
-  Check(cudaEventRecord(a, s), "record");
-  Check(cudaGraphLaunch(ge, s), "launch");
-  Check(cudaEventRecord(b, s), "record");
-  Check(cudaStreamSynchronize(s), "sync");
+  CheckCuda(cudaEventCreate(&a), "event");
+  CheckCuda(cudaEventCreate(&b), "event");
+  CheckCuda(cudaGraphLaunch(ge, s), "launch");  // warm
+  CheckCuda(cudaEventRecord(a, s), "record");
+  CheckCuda(cudaGraphLaunch(ge, s), "launch");
+  CheckCuda(cudaEventRecord(b, s), "record");
+  CheckCuda(cudaStreamSynchronize(s), "sync");
   float ms = 0;
-  Check(cudaEventElapsedTime(&ms, a, b), "elapsed");
+  CheckCuda(cudaEventElapsedTime(&ms, a, b), "elapsed");
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   cudaGraphExecDestroy(ge);
@@ -188,40 +183,40 @@ double FanoutHalfRoundTripNs(const std::vector<int>& ordinals, int k, int n, boo
   const int leader = ordinals[0];
   std::vector<uint32_t*> flags(k), outs_f(k);
   std::vector<uint64_t*> fouts(k);
-  Check(cudaSetDevice(leader), "cudaSetDevice");
+  CheckCuda(cudaSetDevice(leader), "cudaSetDevice");
   uint32_t* acks = DevAlloc<uint32_t>(4 * k);
   uint64_t* lout = DevAlloc<uint64_t>(2);
   uint32_t** dflags = DevAlloc<uint32_t*>(k);
   for (int p = 0; p < k; ++p) {
-    Check(cudaSetDevice(ordinals[p + 1]), "cudaSetDevice");
+    CheckCuda(cudaSetDevice(ordinals[p + 1]), "cudaSetDevice");
     flags[p] = DevAlloc<uint32_t>(4);
     fouts[p] = DevAlloc<uint64_t>(1);
   }
-  Check(cudaSetDevice(leader), "cudaSetDevice");
-  Check(cudaMemcpy(dflags, flags.data(), sizeof(uint32_t*) * k, cudaMemcpyHostToDevice), "memcpy");
+  CheckCuda(cudaSetDevice(leader), "cudaSetDevice");
+  CheckCuda(cudaMemcpy(dflags, flags.data(), sizeof(uint32_t*) * k, cudaMemcpyHostToDevice), "memcpy");
   std::vector<cudaStream_t> streams(k + 1);
   for (int p = 0; p <= k; ++p) {
-    Check(cudaSetDevice(ordinals[p]), "cudaSetDevice");
-    Check(cudaStreamCreateWithFlags(&streams[p], cudaStreamNonBlocking), "stream");
+    CheckCuda(cudaSetDevice(ordinals[p]), "cudaSetDevice");
+    CheckCuda(cudaStreamCreateWithFlags(&streams[p], cudaStreamNonBlocking), "stream");
   }
   for (int p = 0; p < k; ++p) {
-    Check(cudaSetDevice(ordinals[p + 1]), "cudaSetDevice");
+    CheckCuda(cudaSetDevice(ordinals[p + 1]), "cudaSetDevice");
     FollowerKernel<<<1, 1, 0, streams[p + 1]>>>(flags[p], acks + 4 * p, n, line, fouts[p]);
   }
-  Check(cudaSetDevice(leader), "cudaSetDevice");
+  CheckCuda(cudaSetDevice(leader), "cudaSetDevice");
   LeaderKernel<<<1, 1, 0, streams[0]>>>(dflags, k, acks, n, line, lout);
   for (int p = 0; p <= k; ++p) {
-    Check(cudaSetDevice(ordinals[p]), "cudaSetDevice");
-    Check(cudaStreamSynchronize(streams[p]), "ping-pong");
+    CheckCuda(cudaSetDevice(ordinals[p]), "cudaSetDevice");
+    CheckCuda(cudaStreamSynchronize(streams[p]), "ping-pong");
     cudaStreamDestroy(streams[p]);
   }
-  Check(cudaSetDevice(leader), "cudaSetDevice");
+  CheckCuda(cudaSetDevice(leader), "cudaSetDevice");
   const uint64_t total = ReadU64(lout, 0), failed_at = ReadU64(lout, 1);
   cudaFree(acks);
   cudaFree(lout);
   cudaFree(dflags);
   for (int p = 0; p < k; ++p) {
-    Check(cudaSetDevice(ordinals[p + 1]), "cudaSetDevice");
+    CheckCuda(cudaSetDevice(ordinals[p + 1]), "cudaSetDevice");
     cudaFree(flags[p]);
     cudaFree(fouts[p]);
   }
@@ -239,18 +234,18 @@ SolResult RunSol(const std::vector<int>& ordinals, int iters) {
   int prev = 0;
   cudaGetDevice(&prev);
   for (int a : ordinals) {
-    Check(cudaSetDevice(a), "cudaSetDevice");
+    CheckCuda(cudaSetDevice(a), "cudaSetDevice");
     for (int b : ordinals) {
       if (a == b) continue;
       const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
       if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
-        Check(e, "cudaDeviceEnablePeerAccess");
+        CheckCuda(e, "cudaDeviceEnablePeerAccess");
       }
       cudaGetLastError();  // clear "already enabled"
     }
   }
   SolResult r;
-  Check(cudaSetDevice(ordinals[0]), "cudaSetDevice");
+  CheckCuda(cudaSetDevice(ordinals[0]), "cudaSetDevice");
   r.fence_ns = FenceNs(false, iters);
   r.fence_system_ns = FenceNs(true, iters);
   r.l2_chase_ns = ChaseNs(iters);

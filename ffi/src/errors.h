@@ -1,0 +1,32 @@
+// Host-side error checks shared by the set-up and benchmark code: a failed
+// CUDA or NCCL call becomes a std::runtime_error (a RuntimeError in Python)
+// naming the call. Never used on the execute path, which returns ffi::Error.
+#ifndef LLAR_ERRORS_H_
+#define LLAR_ERRORS_H_
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace llar {
+
+[[noreturn]] inline void Fail(const std::string& what) { throw std::runtime_error(what); }
+
+inline void CheckCuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    Fail(std::string("jax_llar: ") + what + ": " + cudaGetErrorString(e));
+  }
+}
+
+inline void CheckNccl(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) {
+    Fail(std::string("jax_llar: ") + what + ": " + ncclGetErrorString(r) + " (" +
+         ncclGetLastError(nullptr) + ")");
+  }
+}
+
+}  // namespace llar
+
+#endif  // LLAR_ERRORS_H_
