@@ -7,13 +7,17 @@ JAX level: ``jax.jit`` of a ``shard_map`` with K dependent steps
 Per-step time is the slope ``(T(K_long) - T(K_short)) / (K_long - K_short)``
 of median wall times of whole jitted calls, which removes the fixed cost of a
 jitted call. The two chain lengths are timed in interleaved rounds; the
-reported figure is the median of the per-round slopes, with their min and max.
+reported figure is the slope between the medians over all rounds, with the
+min and max of the per-round slopes.
 
 Implementations (impl names are stable, BENCHMARK.md):
   lax.psum              XLA's all-reduce (NCCL), default flags
   xla.custom_call_copy  a copy kernel behind the same FFI path as jax_llar:
                         XLA's own cost per custom call step
   llar.one_shot_ll      jax_llar.psum on the one-shot LL kernel
+  lax.psum+<flag>       with --psum-flags: lax.psum with one XLA flag from
+                        MEASURED.md set, each in its own subprocess (XLA
+                        flags are fixed when the backend starts)
 
 Before timing, every configuration runs its short chain once on random data
 and the result is compared bitwise with a host simulation of the chain
@@ -47,6 +51,57 @@ import jax_llar
 from jax_llar import _copy, _ext, testing
 
 IMPLS = ("lax.psum", "xla.custom_call_copy", "llar.one_shot_ll")
+# XLA flags that MEASURED.md tried on lax.psum; each is a baseline of its own.
+PSUM_FLAGS = (
+    "--xla_gpu_unsupported_use_all_reduce_one_shot_kernel=true",
+    "--xla_gpu_experimental_use_collective_kernels=ALL_REDUCE",
+    "--xla_gpu_experimental_enable_nccl_symmetric_buffers=true",
+    "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,COLLECTIVES",
+)
+
+
+def flag_impl(flag: str) -> str:
+  """Stable impl name of lax.psum under one XLA flag (BENCHMARK.md)."""
+  return "lax.psum+" + flag.lstrip("-")
+
+
+def run_psum_flag_baselines(args) -> tuple[list[dict], list[dict]]:
+  """lax.psum with each of PSUM_FLAGS, each in a child process of this
+  module (same sizes, dtypes, chain lengths, calls and seed). Returns the
+  rows (impl renamed to lax.psum+<flag>) and one record per failed child."""
+  import glob
+  import tempfile
+  rows, failures = [], []
+  for flag in PSUM_FLAGS:
+    out = tempfile.mkdtemp(prefix="llar_flag_")
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), flag) if f)
+    cmd = [sys.executable, "-m", "jax_llar.bench", "--level", "jax",
+           "--impls", "lax.psum", "--sizes", ",".join(map(str, args.sizes)),
+           "--dtypes", ",".join(args.dtypes), "--k-short", str(args.k_short),
+           "--k-long", str(args.k_long), "--calls", str(args.calls),
+           "--rounds", str(args.rounds), "--world", str(args.world),
+           "--seed", str(args.seed), "--out", out, "--tag=-flag"]
+    try:
+      proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                            timeout=args.flag_timeout)
+      rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-1500:]
+    except subprocess.TimeoutExpired as e:
+      rc, tail = "timeout", str(e)[-500:]
+    files = glob.glob(os.path.join(out, "*.json"))
+    if rc != 0 or not files:
+      failures.append({"flag": flag, "rc": rc, "output_tail": tail})
+      print(f"lax.psum with {flag}: child failed (rc={rc})", flush=True)
+      continue
+    with open(files[0]) as f:
+      child = json.load(f)
+    for r in child["rows"]:
+      r["impl"] = flag_impl(flag)
+      r["xla_flags"] = env["XLA_FLAGS"]
+      rows.append(r)
+      print(f"{r['impl'][:40]:40s} {r['dtype']:8s} {r['bytes_per_rank']:8d} B "
+            f"{r['us_per_call']:8.2f} us/step correct={r['correct']}", flush=True)
+  return rows, failures
 DTYPES = {"f32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16),
           "f16": np.dtype(np.float16)}
 DTYPES.update({"float32": DTYPES["f32"], "bfloat16": DTYPES["bf16"],
@@ -114,11 +169,13 @@ def _time_once(fn, x) -> float:
   return time.perf_counter() - t0
 
 
-def device_period_us(fn, x, calls: int = 3) -> float | None:
-  """Cross-check from device timestamps (BENCHMARK.md): runs `fn` under the
-  JAX profiler and returns the mean over devices of the median period
-  between consecutive starts of our kernel (microseconds; the profiler adds
-  a little to short kernels). None when no trace could be read."""
+def device_profile(fn, x, calls: int = 3) -> dict | None:
+  """Cross-check from device timestamps (BENCHMARK.md): runs `fn` `calls`
+  times under the JAX profiler and returns graphcheck.trace_stats of the
+  trace (per-GPU median and mean period between our kernels' starts, stalls,
+  graph launch durations, start skew between GPUs; microseconds; the
+  profiler adds a little to short kernels). None when no trace could be read.
+  """
   import glob
   import gzip
   import shutil
@@ -134,13 +191,17 @@ def device_period_us(fn, x, calls: int = 3) -> float | None:
       return None
     with gzip.open(paths[0], "rt") as f:
       events = json.load(f).get("traceEvents", [])
-    periods = [v["period_us"] for v in graphcheck.timeline(events).values()
-               if v.get("period_us")]
-    return float(np.mean(periods)) if periods else None
-  except Exception:  # noqa: BLE001 - a cross-check, never a reason to fail
-    return None
+    return graphcheck.trace_stats(events, calls)
+  except Exception as e:  # noqa: BLE001 - a cross-check, never a reason to fail
+    return {"error": f"{type(e).__name__}: {e}"}
   finally:
     shutil.rmtree(d, ignore_errors=True)
+
+
+def _mean_of(profile, key):
+  vals = [v[key] for v in (profile or {}).get("devices", {}).values()
+          if v.get(key) is not None]
+  return float(np.mean(vals)) if vals else None
 
 
 def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng,
@@ -168,8 +229,8 @@ def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng,
     slopes.append((statistics.median(tl) - statistics.median(ts)) / (k_long - k_short))
   slope_all = (statistics.median(t_long_all) - statistics.median(t_short_all)) / (
       k_long - k_short)
-  period = (device_period_us(f_long, x)
-            if timeline and impl != "lax.psum" else None)
+  profile = (device_profile(f_long, x)
+             if timeline and impl != "lax.psum" else None)
   return {
       "impl": impl, "world_size": world, "dtype": str(dtype),
       "bytes_per_rank": n * dtype.itemsize, "us_per_call": slope_all * 1e6,
@@ -180,7 +241,9 @@ def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng,
       "t_long_ms": statistics.median(t_long_all) * 1e3,
       "correct": bool(correct),
       "fast_path": bool(fast) if impl.startswith("llar.") else None,
-      "device_period_us": period,
+      "device_period_us": _mean_of(profile, "period_us_median"),
+      "device_mean_period_us": _mean_of(profile, "period_us_mean"),
+      "device_profile": profile,
   }
 
 
@@ -249,7 +312,7 @@ def plot(rows, path, title):
     ax.set_ylabel("us per step (slope)")
     ax.set_title(f"{title} {dt}")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=6)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
 
@@ -261,7 +324,8 @@ def print_table(rows):
   impls = [i for i in IMPLS if any(i in v for v in by.values())]
   head = f"{'dtype':9s} {'bytes':>8s} " + " ".join(f"{i:>22s}" for i in impls)
   if {"llar.one_shot_ll", "xla.custom_call_copy", "lax.psum"} <= set(impls):
-    head += f" {'llar-copy':>10s} {'psum/llar':>10s} {'dev llar-copy':>14s}"
+    head += (f" {'llar-copy':>10s} {'psum/llar':>10s} {'dev llar-copy':>14s}"
+             f" {'mean llar-copy':>15s}")
   print(head)
   for (dt, b), v in sorted(by.items()):
     cells = []
@@ -278,15 +342,40 @@ def print_table(rows):
       line += f" {ll - cp:10.2f} {ps / ll if ll > 0 else float('nan'):10.1f}"
       dl, dc = v["llar.one_shot_ll"].get("device_period_us"), v["xla.custom_call_copy"].get("device_period_us")
       line += f" {dl - dc:14.2f}" if dl and dc else f" {'-':>14s}"
+      ml = v["llar.one_shot_ll"].get("device_mean_period_us")
+      mc = v["xla.custom_call_copy"].get("device_mean_period_us")
+      line += f" {ml - mc:15.2f}" if ml and mc else f" {'-':>15s}"
     print(line)
   print("(us per step: median-of-all slope [min, max over rounds]; '!' = result "
         "did not match the host simulation; '*' = jax_llar fell back to lax.psum, "
-        "so no ratio is printed; 'dev llar-copy': difference of the per-step "
-        "device periods read from a profiler trace)")
+        "so no ratio is printed; 'dev llar-copy': difference of the median "
+        "per-step device periods read from a profiler trace; 'mean llar-copy': "
+        "the same with mean periods, which include the GPUs' stalls)")
+  flags = sorted({r["impl"] for r in rows if r["impl"].startswith("lax.psum+")})
+  if not flags:
+    return
+  print("lax.psum under XLA flags (us per step; 'best psum/llar' takes the "
+        "fastest lax.psum variant of the row, default flags included):")
+  for i, f in enumerate(flags):
+    print(f"  [{i}] {f}")
+  print(f"{'dtype':9s} {'bytes':>8s} " + " ".join(f"{'[' + str(i) + ']':>8s}" for i in range(len(flags)))
+        + f" {'best psum/llar':>15s}")
+  for (dt, b), v in sorted(by.items()):
+    cells = [f"{v[f]['us_per_call']:8.2f}" if f in v else f"{'-':>8s}" for f in flags]
+    psums = [v[f]["us_per_call"] for f in ["lax.psum"] + flags if f in v]
+    ll = v.get("llar.one_shot_ll")
+    ratio = (f"{min(psums) / ll['us_per_call']:15.1f}"
+             if psums and ll and ll.get("fast_path") and ll["us_per_call"] > 0
+             else f"{'-':>15s}")
+    print(f"{dt:9s} {b:8d} " + " ".join(cells) + " " + ratio)
 
 
 KERNEL_IMPLS = {"llar.one_shot_ll": "one_shot_ll", "kernel.copy": "copy",
-                "nccl.allreduce": "nccl"}
+                "nccl.allreduce": "nccl",
+                # Diagnostic, not an all-reduce: one_shot_ll with every peer
+                # store looped back into the rank's own scratch (no network);
+                # each rank's output is its input summed world-size times.
+                "diag.one_shot_ll_loopback": "one_shot_ll_loopback"}
 _DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(ml_dtypes.bfloat16): 1,
                 np.dtype(np.float16): 2}
 
@@ -311,7 +400,8 @@ def run_kernel_level(args) -> dict:
       inputs = [testing.random_array(rng, (n,), dtype) for _ in devices]
       expect = testing.rank_order_sum(inputs, dtype)
       for impl in impls:
-        if impl == "llar.one_shot_ll" and n * dtype.itemsize > jax_llar.config.ONE_SHOT_LIMIT_BYTES:
+        if (KERNEL_IMPLS[impl].startswith("one_shot_ll") and
+            n * dtype.itemsize > jax_llar.config.ONE_SHOT_LIMIT_BYTES):
           continue
         iters = 200 if impl == "nccl.allreduce" else args.kernel_iters
         us, outs = mod.kernel_bench(cs.comm_id, KERNEL_IMPLS[impl], _DTYPE_CODES[dtype],
@@ -319,6 +409,10 @@ def run_kernel_level(args) -> dict:
         outs = [np.frombuffer(o, dtype) for o in outs]
         if impl == "kernel.copy":
           correct = all(testing.bitwise_equal(o, x) for o, x in zip(outs, inputs))
+        elif impl == "diag.one_shot_ll_loopback":
+          correct = all(testing.bitwise_equal(
+              o, testing.rank_order_sum([x] * len(devices), dtype))
+              for o, x in zip(outs, inputs))
         elif impl == "llar.one_shot_ll" or len(devices) == 2:
           correct = all(testing.bitwise_equal(o, expect) for o in outs)
         else:  # NCCL's ring order is not rank order beyond two ranks
@@ -356,7 +450,12 @@ def run_jax_level(args) -> dict:
               f"{row['us_per_call']:8.2f} us/step [{row['us_round_min']:.2f}, "
               f"{row['us_round_max']:.2f}] correct={row['correct']} "
               f"fast_path={row['fast_path']}", flush=True)
+  failures = []
+  if args.psum_flags:
+    flag_rows, failures = run_psum_flag_baselines(args)
+    rows += flag_rows
   return {"env": environment(), "level": "jax", "rows": rows,
+          "psum_flag_failures": failures,
           "dispatch": [d.__dict__ for d in jax_llar.dispatch_log()
                        if d.reason != "platform"][-50:]}
 
@@ -389,6 +488,11 @@ def main(argv=None):
                  help="also read the per-step device period from a profiler "
                       "trace at sizes up to this (jax level, not lax.psum)")
   p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+  p.add_argument("--psum-flags", action="store_true",
+                 help="also time lax.psum under each XLA flag of MEASURED.md, each "
+                      "in its own subprocess (jax level)")
+  p.add_argument("--flag-timeout", type=int, default=600,
+                 help="seconds allowed per flag subprocess")
   p.add_argument("--out", default="benchmarks/results",
                  help="folder for <machine>-<yyyymmdd>-<level><tag>.json/.png")
   p.add_argument("--tag", default="", help="suffix for the result file name")

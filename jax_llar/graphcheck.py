@@ -154,6 +154,95 @@ def timeline(events) -> dict:
   return out
 
 
+def _pid_names(events) -> dict:
+  names = {}
+  for e in events:
+    if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name":
+      names[e.get("pid")] = str(e.get("args", {}).get("name", ""))
+  return names
+
+
+def trace_stats(events, calls: int) -> dict:
+  """Where the time of `calls` profiled executions of one jitted chain goes.
+
+  Device side, per GPU (device timestamps, microseconds): how many of our
+  kernels ran, the median and the mean period between their starts, and the
+  idle time between consecutive kernels on the stream, split into gaps under
+  and over 5 us (a gap over 5 us is the GPU waiting for work: a stall). The
+  mean period includes stalls, the median does not; in a chain coupled by an
+  all-reduce a stall on either GPU delays both.
+  Host side: duration of every cuGraphLaunch, how far apart the two GPUs'
+  graph executions start in each call, and the host events (by name) that
+  took the most time in total.
+  """
+  import statistics
+  ours = re.compile(r"OneShotLLKernel|CopyKernel")
+  names = _pid_names(events)
+  xs = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "dur" in e]
+  by_pid = collections.defaultdict(list)
+  for e in xs:
+    by_pid[e.get("pid")].append(e)
+  devices, first_starts = {}, {}
+  for pid, evs in by_pid.items():
+    mine = sorted((e for e in evs if ours.search(e.get("name", ""))), key=lambda e: e["ts"])
+    if len(mine) < 4:
+      continue
+    tid = mine[0].get("tid")
+    stream = sorted((e for e in evs if e.get("tid") == tid), key=lambda e: e["ts"])
+    starts = [e["ts"] for e in mine]
+    periods = [b - a for a, b in zip(starts, starts[1:])]
+    # Split into executions: a period over 200 us separates two calls.
+    bounds = [0] + [i + 1 for i, p in enumerate(periods) if p > 200] + [len(mine)]
+    per_call = [(mine[a]["ts"], mine[b - 1]["ts"], b - a) for a, b in zip(bounds, bounds[1:])]
+    in_call = [p for p in periods if p <= 200]
+    gaps_small, gaps_large = 0.0, []
+    for a, b in zip(stream, stream[1:]):
+      gap = b["ts"] - (a["ts"] + a["dur"])
+      if gap <= 0 or gap > 200:
+        continue
+      if gap > 5:
+        gaps_large.append(gap)
+      else:
+        gaps_small += gap
+    n_steps = max(1, len(in_call))
+    devices[names.get(pid, str(pid))] = {
+        "our_kernels": len(mine), "executions": len(per_call),
+        "kernel_us_median": statistics.median(e["dur"] for e in mine),
+        "period_us_median": statistics.median(in_call) if in_call else None,
+        "period_us_mean": (sum(in_call) / len(in_call)) if in_call else None,
+        "gap_us_per_step_small": gaps_small / n_steps,
+        "stalls_over_5us": len(gaps_large),
+        "stall_us_per_step": sum(gaps_large) / n_steps,
+        "stall_us_max": max(gaps_large) if gaps_large else 0.0,
+    }
+    first_starts[names.get(pid, str(pid))] = [c[0] for c in per_call]
+  skews = []
+  if len(first_starts) >= 2:
+    lists = list(first_starts.values())
+    for i in range(min(len(v) for v in lists)):
+      col = [v[i] for v in lists]
+      skews.append(max(col) - min(col))
+  launches = [e["dur"] for e in xs if "GraphLaunch" in e.get("name", "")]
+  totals = collections.Counter()
+  counts = collections.Counter()
+  device_pids = {pid for pid, evs in by_pid.items()
+                 if names.get(pid, "").startswith("/device") or
+                 sum(1 for e in evs if ours.search(e.get("name", ""))) >= 4}
+  for e in xs:
+    if e.get("pid") in device_pids:
+      continue
+    key = re.sub(r"[0-9]+", "#", e.get("name", ""))[:60]
+    totals[key] += e["dur"]
+    counts[key] += 1
+  return {
+      "calls": calls, "devices": devices,
+      "graph_launch_us": sorted(launches),
+      "start_skew_us": skews,
+      "host_top": [{"name": k, "count": counts[k], "total_us": round(v, 1)}
+                   for k, v in totals.most_common(12)],
+  }
+
+
 def check(out_dir: str, xla_flags: str = "", impl: str = "llar") -> dict:
   """Runs the chain with `impl` ("llar" or "copy") in a child process and
   returns the verdict dict (see the module docstring)."""

@@ -47,7 +47,8 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
   }
   const size_t bytes = inputs[0].size();
   const size_t elem = dtype == DType::kF32 ? 4 : 2;
-  if (impl != "one_shot_ll" && impl != "copy" && impl != "nccl") {
+  if (impl != "one_shot_ll" && impl != "one_shot_ll_loopback" && impl != "copy" &&
+      impl != "nccl") {
     throw std::runtime_error("jax_llar kernel bench: unknown impl " + impl);
   }
   int prev = 0;
@@ -99,6 +100,10 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
         a.in = ranks[r].in;
         a.out = ranks[r].out;
         a.n_bytes = bytes;
+        // Loopback: the same kernel with every peer store sent to this rank's
+        // own scratch; what it costs over the copy kernel is the kernel's own
+        // work, and one_shot_ll minus loopback is what the network adds.
+        a.drop_peer_writes = impl == "one_shot_ll_loopback" ? 2 : 0;
         CheckCuda(LaunchOneShotLL(a, dtype, ranks[r].stream), "one-shot launch");
       }
     }

@@ -84,7 +84,10 @@ struct AllReduceArgs {
   ErrorRecord* error;              // host-mapped, device-visible
   int32_t* error_claim;            // device word: the first failing thread claims the record
   uint64_t timeout_ns;             // bound on every wait
-  int32_t drop_peer_writes;        // test hook (F13): 1 = never store to peers
+  int32_t drop_peer_writes;        // 0 = normal; test hook (F13): 1 = never store
+                                   // to peers; diagnostic: 2 = loopback (store this
+                                   // rank's lines into its own scratch, in every
+                                   // peer's slot: the kernel without the network)
 };
 
 }  // namespace llar

@@ -43,12 +43,19 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (active) {
     // Send: one 16-byte store into every peer, starting with the next rank so
     // that ranks spread their first stores over different peers.
-    if (!a.drop_peer_writes) {
+    if (a.drop_peer_writes == 0) {
       const size_t slot = ScratchOffset(half, block, a.world, a.rank, t);
       for (int k = 1; k < a.world; ++k) {
         int peer = a.rank + k;
         if (peer >= a.world) peer -= a.world;
         StoreLine(a.scratch[peer] + slot, mine, flag);
+      }
+    } else if (a.drop_peer_writes == 2) {  // loopback diagnostic (kernel bench)
+      for (int k = 1; k < a.world; ++k) {
+        int peer = a.rank + k;
+        if (peer >= a.world) peer -= a.world;
+        StoreLine(a.scratch[a.rank] + ScratchOffset(half, block, a.world, peer, t),
+                  mine, flag);
       }
     }
     // Receive and reduce in rank order.
