@@ -26,6 +26,7 @@ from jax_llar import _log
 
 TARGET_ALL_REDUCE = "jax_llar_all_reduce"
 TARGET_COPY = "jax_llar_copy"
+TARGET_COPY_WIDE = "jax_llar_copy_wide"
 
 _lock = threading.Lock()
 _module: Any = None

@@ -15,6 +15,8 @@ Implementations (impl names are stable, BENCHMARK.md):
   xla.custom_call_copy  a copy kernel behind the same FFI path as jax_llar:
                         XLA's own cost per custom call step
   llar.one_shot_ll      jax_llar.psum on the one-shot LL kernel
+  diag.custom_call_copy_wide  (diagnostic, only when asked for with --impls)
+                        the copy kernel with a 208-byte parameter block
   lax.psum+<flag>       with --psum-flags: lax.psum with one XLA flag from
                         MEASURED.md set, each in its own subprocess (XLA
                         flags are fixed when the backend starts)
@@ -123,6 +125,8 @@ def _op(impl: str):
     return lambda x: lax.psum(x, "x")
   if impl == "xla.custom_call_copy":
     return _copy.copy
+  if impl == "diag.custom_call_copy_wide":
+    return _copy.copy_wide
   if impl.startswith("llar."):
     return lambda x: jax_llar.psum(x, "x")
   raise ValueError(f"unknown impl {impl}")
@@ -153,7 +157,7 @@ def simulate(impl: str, inputs: list[np.ndarray], k: int, dtype) -> list[np.ndar
   f = factors(len(inputs), dtype)
   xs = [np.asarray(x) for x in inputs]
   for _ in range(k):
-    if impl == "xla.custom_call_copy":
+    if impl in ("xla.custom_call_copy", "diag.custom_call_copy_wide"):
       ys = xs
     else:
       s = testing.rank_order_sum(xs, dtype)
@@ -321,7 +325,9 @@ def print_table(rows):
   by = {}
   for r in rows:
     by.setdefault((r["dtype"], r["bytes_per_rank"]), {})[r["impl"]] = r
+  flags = sorted({r["impl"] for r in rows if r["impl"].startswith("lax.psum+")})
   impls = [i for i in IMPLS if any(i in v for v in by.values())]
+  impls += sorted({r["impl"] for r in rows} - set(impls) - set(flags) - set(IMPLS))
   head = f"{'dtype':9s} {'bytes':>8s} " + " ".join(f"{i:>22s}" for i in impls)
   if {"llar.one_shot_ll", "xla.custom_call_copy", "lax.psum"} <= set(impls):
     head += (f" {'llar-copy':>10s} {'psum/llar':>10s} {'dev llar-copy':>14s}"
@@ -351,7 +357,6 @@ def print_table(rows):
         "so no ratio is printed; 'dev llar-copy': difference of the median "
         "per-step device periods read from a profiler trace; 'mean llar-copy': "
         "the same with mean periods, which include the GPUs' stalls)")
-  flags = sorted({r["impl"] for r in rows if r["impl"].startswith("lax.psum+")})
   if not flags:
     return
   print("lax.psum under XLA flags (us per step; 'best psum/llar' takes the "
@@ -476,7 +481,8 @@ def main(argv=None):
   p.add_argument("--dtypes", type=_dtypes_arg, default="f32,bf16",
                  help="comma separated: f32, bf16, f16")
   p.add_argument("--impls", default="",
-                 help=f"comma separated; jax level: {','.join(IMPLS)}; kernel level: "
+                 help=f"comma separated; jax level: {','.join(IMPLS)} (and the "
+                      "diagnostic diag.custom_call_copy_wide); kernel level: "
                       f"{','.join(KERNEL_IMPLS)} (default: all)")
   p.add_argument("--k-short", type=int, default=32, help="short chain length (jax level)")
   p.add_argument("--k-long", type=int, default=512, help="long chain length (jax level)")

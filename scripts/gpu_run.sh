@@ -3,10 +3,13 @@
 # benchmarks, main job. Writes logs and results under $OUT (default ./out)
 # and prints a short table last.
 #
-#   scripts/gpu_run.sh [stage ...]     stages: build tests graph kbench sol bench demo
-#                                      (default: all, in that order)
-# Environment: BENCH_ARGS (extra args for jax_llar.bench), TEST_ARGS (extra
-# pytest args), DEMO_ARGS, STAGE_TIMEOUT (seconds per stage, default 900).
+#   scripts/gpu_run.sh [stage ...]     stages: build tests graph kbench sol bench
+#                                      flags demo (default: all but flags, in
+#                                      that order)
+# Environment: BENCH_ARGS (extra args for jax_llar.bench), FLAGS_ARGS (the
+# same for the flags stage: lax.psum under each XLA flag of MEASURED.md),
+# KBENCH_ARGS, TEST_ARGS (extra pytest args), DEMO_ARGS, STAGE_TIMEOUT
+# (seconds per stage, default 900).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
@@ -47,6 +50,7 @@ for s in "${stages[@]}"; do
     kbench) run_stage kbench $PY -m jax_llar.bench --level kernel --out "$OUT" ${KBENCH_ARGS:-} ;;
     sol) run_stage sol $PY -m jax_llar.sol --out "$OUT" --kernel-json "${SOL_KERNEL_JSON:-$OUT/$(ls "$OUT" | grep -m1 -- '-kernel.json$')}" ;;
     bench) run_stage bench $PY -m jax_llar.bench --level jax --out "$OUT" ${BENCH_ARGS:-} ;;
+    flags) run_stage flags $PY -m jax_llar.bench --level jax --out "$OUT" --psum-flags --tag=-flags ${FLAGS_ARGS:-} ;;
     demo) run_stage demo $PY -m jax_llar.demo --json "$OUT/demo.json" ${DEMO_ARGS:-} ;;
     *) log "unknown stage $s" ;;
   esac
@@ -58,6 +62,7 @@ grep -E "passed|failed|error" "$OUT/tests.log" 2>/dev/null | tail -n 3
 grep -E "us/call" "$OUT/kbench.log" 2>/dev/null | head -n 40
 grep -E "SoL|one-shot kernel|_ns|_us " "$OUT/sol.log" 2>/dev/null
 grep -A30 "^dtype " "$OUT/bench.log" 2>/dev/null | head -n 20
+grep -A12 "^lax.psum under XLA flags" "$OUT/flags.log" 2>/dev/null
 grep -E "^(lax.psum|jax_llar.psum|speed-up)" "$OUT/demo.log" 2>/dev/null
 grep -E '"in_command_buffer": (true|false)' "$OUT/graph.log" 2>/dev/null | tail -n 1
 # The device tool returns at most 8 files: pack the logs into one.

@@ -84,8 +84,10 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
   AllReduceArgs a = ctx->base;
   a.in = x.untyped_data();
   a.out = y->untyped_data();
-  a.n_bytes = x.size_bytes();
-  a.drop_peer_writes = ctx->drop_peer_writes.load(std::memory_order_relaxed);
+  a.n_bytes = static_cast<uint32_t>(x.size_bytes());  // <= kOneShotMaxBytes, checked above
+  if (ctx->drop_peer_writes.load(std::memory_order_relaxed) != 0) {
+    a.peer_writes = PeerWrites::kDrop;
+  }
   const cudaError_t e = LaunchOneShotLL(a, dtype, stream);
   if (e != cudaSuccess) {
     return ffi::Error::Internal(std::string("jax_llar: kernel launch failed: ") +
@@ -95,12 +97,13 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
   return ffi::Error::Success();
 }
 
+template <cudaError_t (*Launch)(const void*, void*, uint64_t, cudaStream_t)>
 ffi::Error CopyExecute(cudaStream_t stream, ffi::AnyBuffer x,
                        ffi::Result<ffi::AnyBuffer> y) {
   if (y->size_bytes() != x.size_bytes()) {
     return ffi::Error::InvalidArgument("jax_llar: copy needs equal sizes");
   }
-  const cudaError_t e = LaunchCopy(x.untyped_data(), y->untyped_data(), x.size_bytes(), stream);
+  const cudaError_t e = Launch(x.untyped_data(), y->untyped_data(), x.size_bytes(), stream);
   if (e != cudaSuccess) {
     return ffi::Error::Internal(std::string("jax_llar: copy launch failed: ") +
                                 cudaGetErrorString(e));
@@ -134,7 +137,14 @@ XLA_FFI_DEFINE_HANDLER(kAllReduceExecute, AllReduceExecute,
                            .Attr<int64_t>("algorithm"),
                        {ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER(kCopyExecute, CopyExecute,
+XLA_FFI_DEFINE_HANDLER(kCopyExecute, CopyExecute<LaunchCopy>,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>(),
+                       {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER(kWideCopyExecute, CopyExecute<LaunchWideCopy>,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::PlatformStream<cudaStream_t>>()
                            .Arg<ffi::AnyBuffer>()
@@ -145,7 +155,8 @@ HandlerTable GetHandlers() {
   return {reinterpret_cast<void*>(kAllReduceInstantiate),
           reinterpret_cast<void*>(kAllReduceInitialize),
           reinterpret_cast<void*>(kAllReduceExecute),
-          reinterpret_cast<void*>(kCopyExecute)};
+          reinterpret_cast<void*>(kCopyExecute),
+          reinterpret_cast<void*>(kWideCopyExecute)};
 }
 
 }  // namespace llar

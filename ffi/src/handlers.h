@@ -10,6 +10,7 @@ struct HandlerTable {
   void* all_reduce_initialize;
   void* all_reduce_execute;
   void* copy_execute;
+  void* wide_copy_execute;  // diagnostic twin of copy_execute (copy.cu)
 };
 
 HandlerTable GetHandlers();

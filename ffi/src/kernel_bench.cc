@@ -47,6 +47,9 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
   }
   const size_t bytes = inputs[0].size();
   const size_t elem = dtype == DType::kF32 ? 4 : 2;
+  if (impl.rfind("one_shot_ll", 0) == 0 && bytes > kOneShotMaxBytes) {
+    throw std::runtime_error("jax_llar kernel bench: larger than the one-shot limit");
+  }
   if (impl != "one_shot_ll" && impl != "one_shot_ll_loopback" && impl != "copy" &&
       impl != "nccl") {
     throw std::runtime_error("jax_llar kernel bench: unknown impl " + impl);
@@ -99,11 +102,12 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
         AllReduceArgs a = c->base;
         a.in = ranks[r].in;
         a.out = ranks[r].out;
-        a.n_bytes = bytes;
+        a.n_bytes = static_cast<uint32_t>(bytes);
         // Loopback: the same kernel with every peer store sent to this rank's
         // own scratch; what it costs over the copy kernel is the kernel's own
         // work, and one_shot_ll minus loopback is what the network adds.
-        a.drop_peer_writes = impl == "one_shot_ll_loopback" ? 2 : 0;
+        a.peer_writes = impl == "one_shot_ll_loopback" ? PeerWrites::kLoopback
+                                                       : PeerWrites::kSend;
         CheckCuda(LaunchOneShotLL(a, dtype, ranks[r].stream), "one-shot launch");
       }
     }

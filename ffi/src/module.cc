@@ -33,6 +33,7 @@ NB_MODULE(_llar, m) {
     nb::dict out;
     out["jax_llar_all_reduce"] = all_reduce;
     out["jax_llar_copy"] = Capsule(h.copy_execute);
+    out["jax_llar_copy_wide"] = Capsule(h.wide_copy_execute);
     return out;
   }, "Target name -> capsule (or dict of stage -> capsule).");
 

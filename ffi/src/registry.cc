@@ -28,6 +28,7 @@ struct DeviceResources {
   ncclDevComm dev_comm{};
   void* scratch = nullptr;
   uint64_t* state = nullptr;   // kMaxBlocks epoch counters + one claim word
+  PeerTable* peers = nullptr;  // device copy of the peer table
   ErrorRecord* error = nullptr;  // host-mapped
   DeviceContext context;
 };
@@ -120,6 +121,7 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
               "cudaMalloc(epochs)");
     CheckCuda(cudaMemset(d.state, 0, sizeof(uint64_t) * (kMaxBlocks + 1)),
               "cudaMemset(epochs)");
+    CheckCuda(cudaMalloc(&d.peers, sizeof(PeerTable)), "cudaMalloc(peer table)");
     CheckCuda(cudaHostAlloc(reinterpret_cast<void**>(&d.error), sizeof(ErrorRecord),
                             cudaHostAllocMapped | cudaHostAllocPortable),
               "cudaHostAlloc(error record)");
@@ -171,16 +173,19 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
     c.ordinal = group[i];
     c.rank = i;
     c.world = n;
-    c.base.rank = i;
-    c.base.world = n;
-    for (int p = 0; p < n; ++p) c.base.scratch[p] = static_cast<char*>(peers[p]);
-    c.base.epochs = d.state;
-    c.base.error_claim = reinterpret_cast<int32_t*>(d.state + kMaxBlocks);
-    ErrorRecord* error_dev = nullptr;
-    CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_dev), d.error, 0),
+    PeerTable table{};
+    for (int p = 0; p < n; ++p) table.scratch[p] = static_cast<char*>(peers[p]);
+    table.error_claim = reinterpret_cast<int32_t*>(d.state + kMaxBlocks);
+    CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table.error), d.error, 0),
               "cudaHostGetDevicePointer");
-    c.base.error = error_dev;
-    c.base.timeout_ns = timeout_ns;
+    table.timeout_ns = timeout_ns;
+    CheckCuda(cudaMemcpy(d.peers, &table, sizeof(table), cudaMemcpyHostToDevice),
+              "cudaMemcpy(peer table)");
+    c.base.rank = static_cast<uint8_t>(i);
+    c.base.world = static_cast<uint8_t>(n);
+    c.base.epochs = d.state;
+    c.base.peers = d.peers;
+    c.base.peer_writes = PeerWrites::kSend;
   }
   for (auto& d : devs) out.push_back(std::move(d));
 }

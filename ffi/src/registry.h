@@ -26,8 +26,8 @@ struct DeviceContext {
   int32_t ordinal = -1;
   int32_t rank = -1;
   int32_t world = 0;
-  AllReduceArgs base{};          // everything but in/out/n_bytes
-  std::atomic<int32_t> drop_peer_writes{0};  // test hook (F13)
+  AllReduceArgs base{};          // epochs, peer table, rank, world
+  std::atomic<int32_t> drop_peer_writes{0};  // test hook (F13): 1 = PeerWrites::kDrop
 };
 
 // Creates NCCL communicators for `groups` (lists of local CUDA ordinals; one

@@ -70,25 +70,43 @@ struct ErrorRecord {
   uint64_t waited_ns;      // time spent waiting when it gave up
 };
 
-// Kernel argument block, passed by value (lives in the constant bank).
-struct AllReduceArgs {
-  const void* in;
-  void* out;
-  uint64_t n_bytes;                // payload bytes per rank
-  uint32_t lines;                  // ceil(n_bytes / 8)
-  uint32_t lines_per_block;        // <= kLinesPerBlock
-  int32_t rank;
-  int32_t world;
+// What a kernel needs of its communicator beyond its parameters: written once
+// by the host into device memory when the communicator is created, read-only
+// afterwards (the kernel reads it through the read-only cache).
+struct PeerTable {
   char* scratch[kMaxRanks];        // every rank's scratch, as mapped on this device
-  uint64_t* epochs;                // kMaxBlocks per-block epoch counters (device memory)
   ErrorRecord* error;              // host-mapped, device-visible
   int32_t* error_claim;            // device word: the first failing thread claims the record
   uint64_t timeout_ns;             // bound on every wait
-  int32_t drop_peer_writes;        // 0 = normal; test hook (F13): 1 = never store
-                                   // to peers; diagnostic: 2 = loopback (store this
-                                   // rank's lines into its own scratch, in every
-                                   // peer's slot: the kernel without the network)
 };
+
+// What the kernel does with its lines (kSend is the all-reduce).
+enum class PeerWrites : int32_t {
+  kSend = 0,      // store into every peer's scratch
+  kDrop = 1,      // test hook (F13): never store to peers
+  kLoopback = 2,  // diagnostic (kernel bench): store into this rank's own
+                  // scratch, in every peer's slot: the kernel without the network
+};
+
+// Kernel parameters, passed by value (48 bytes). Kept small: XLA launches a
+// CUDA graph with one node per call on every execution, and the host cost of
+// that launch may grow with the parameter bytes of the nodes (PERF_NOTES.md).
+// What the first instructions need (epochs, rank, world) is here; the peer
+// addresses come from the PeerTable, loaded while the epoch and payload loads
+// are in flight.
+struct AllReduceArgs {
+  const void* in;
+  void* out;
+  uint64_t* epochs;                // kMaxBlocks per-block epoch counters (device memory)
+  const PeerTable* peers;          // device memory
+  uint32_t n_bytes;                // payload bytes per rank (<= kOneShotMaxBytes)
+  uint32_t lines;                  // ceil(n_bytes / 8)
+  uint16_t lines_per_block;        // <= kLinesPerBlock
+  uint8_t rank;
+  uint8_t world;
+  PeerWrites peer_writes;
+};
+static_assert(sizeof(AllReduceArgs) == 48, "kernel parameter block grew");
 
 }  // namespace llar
 

@@ -49,13 +49,14 @@ struct WaitSite {
 // host memory so the PCIe writes have landed, and publishes (claim -> 2).
 // Every other timed-out thread waits for the publication (bounded) before it
 // traps: a trap ends the whole grid, and an early one would lose the report.
-__device__ __forceinline__ void ReportTimeoutAndTrap(const AllReduceArgs& a,
+__device__ __forceinline__ void ReportTimeoutAndTrap(const PeerTable* pt,
                                                      WaitSite site,
                                                      uint32_t expected,
                                                      uint32_t seen0, uint32_t seen1,
                                                      uint64_t waited_ns) {
-  if (atomicCAS(a.error_claim, 0, 1) == 0) {
-    volatile ErrorRecord* r = a.error;
+  int32_t* claim = pt->error_claim;
+  if (atomicCAS(claim, 0, 1) == 0) {
+    volatile ErrorRecord* r = pt->error;
     r->rank = site.rank;
     r->peer = site.peer;
     r->block = site.block;
@@ -70,18 +71,19 @@ __device__ __forceinline__ void ReportTimeoutAndTrap(const AllReduceArgs& a,
     __threadfence_system();
     for (int i = 0; i < (1 << 20) && r->code != 1; ++i) {
     }
-    atomicExch(a.error_claim, 2);
+    atomicExch(claim, 2);
   } else {
     const uint64_t t0 = GlobalTimerNs();
-    while (atomicAdd(a.error_claim, 0) != 2 && GlobalTimerNs() - t0 < 1000000000ull) {
+    while (atomicAdd(claim, 0) != 2 && GlobalTimerNs() - t0 < 1000000000ull) {
     }
   }
   __trap();
 }
 
 // Polls the LL line at `src` (own scratch) until it carries `flag`; returns
-// its payload. Bounded by a.timeout_ns.
-__device__ __forceinline__ uint2 WaitLine(const AllReduceArgs& a,
+// its payload. Bounded by pt->timeout_ns, which is read only once the wait
+// has lasted kSpinsPerClockRead polls (off the fast path).
+__device__ __forceinline__ uint2 WaitLine(const PeerTable* pt,
                                           const char* src, uint32_t flag,
                                           const WaitSite& site) {
   uint4 v = LoadLine(src);
@@ -96,8 +98,8 @@ __device__ __forceinline__ uint2 WaitLine(const AllReduceArgs& a,
       const uint64_t now = GlobalTimerNs();
       if (start == 0) {
         start = now;
-      } else if (now - start > a.timeout_ns) {
-        ReportTimeoutAndTrap(a, site, flag, v.y, v.w, now - start);
+      } else if (now - start > pt->timeout_ns) {
+        ReportTimeoutAndTrap(pt, site, flag, v.y, v.w, now - start);
       }
     }
   }

@@ -25,6 +25,9 @@ cudaError_t LaunchOneShotLL(AllReduceArgs a, DType dtype, cudaStream_t stream);
 // copy.cu: the trivial custom call that measures XLA's own cost per step.
 cudaError_t LaunchCopy(const void* in, void* out, uint64_t n_bytes,
                        cudaStream_t stream);
+// The same copy with a 208-byte parameter block (diagnostic, see copy.cu).
+cudaError_t LaunchWideCopy(const void* in, void* out, uint64_t n_bytes,
+                           cudaStream_t stream);
 
 // Force each kernel's module to load on the current device, so that no lazy
 // module load happens later inside a captured CUDA graph.

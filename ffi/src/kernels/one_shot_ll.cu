@@ -22,6 +22,13 @@
 namespace llar {
 namespace {
 
+// Rank r's scratch address as mapped on this device, through the read-only
+// cache (the table is written once, before the first launch).
+__device__ __forceinline__ char* ScratchOf(const PeerTable* pt, int r) {
+  return reinterpret_cast<char*>(
+      __ldg(reinterpret_cast<const unsigned long long*>(pt->scratch + r)));
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kMaxThreads)
     OneShotLLKernel(const AllReduceArgs a) {
@@ -30,8 +37,11 @@ __global__ void __launch_bounds__(kMaxThreads)
   const uint32_t line = block * a.lines_per_block + t;
   const bool active = t < static_cast<int>(a.lines_per_block) && line < a.lines;
 
-  // Independent loads first: the epoch and this thread's payload.
+  // Independent loads first: the epoch, this thread's payload and the scratch
+  // addresses (the PeerTable never changes, so the read-only path is safe).
+  const int rank = a.rank, world = a.world;
   const uint64_t epoch = LoadEpoch(a.epochs + block);
+  char* const own = ScratchOf(a.peers, rank);
   const bool aligned =
       ((reinterpret_cast<uintptr_t>(a.in) | reinterpret_cast<uintptr_t>(a.out)) &
        (kPayloadBytesPerLine - 1)) == 0;
@@ -43,29 +53,27 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (active) {
     // Send: one 16-byte store into every peer, starting with the next rank so
     // that ranks spread their first stores over different peers.
-    if (a.drop_peer_writes == 0) {
-      const size_t slot = ScratchOffset(half, block, a.world, a.rank, t);
-      for (int k = 1; k < a.world; ++k) {
-        int peer = a.rank + k;
-        if (peer >= a.world) peer -= a.world;
-        StoreLine(a.scratch[peer] + slot, mine, flag);
+    if (a.peer_writes == PeerWrites::kSend) {
+      const size_t slot = ScratchOffset(half, block, world, rank, t);
+      for (int k = 1; k < world; ++k) {
+        int peer = rank + k;
+        if (peer >= world) peer -= world;
+        StoreLine(ScratchOf(a.peers, peer) + slot, mine, flag);
       }
-    } else if (a.drop_peer_writes == 2) {  // loopback diagnostic (kernel bench)
-      for (int k = 1; k < a.world; ++k) {
-        int peer = a.rank + k;
-        if (peer >= a.world) peer -= a.world;
-        StoreLine(a.scratch[a.rank] + ScratchOffset(half, block, a.world, peer, t),
-                  mine, flag);
+    } else if (a.peer_writes == PeerWrites::kLoopback) {
+      for (int k = 1; k < world; ++k) {
+        int peer = rank + k;
+        if (peer >= world) peer -= world;
+        StoreLine(own + ScratchOffset(half, block, world, peer, t), mine, flag);
       }
     }
     // Receive and reduce in rank order.
     RankOrderSum<T> sum;
-    const char* own = a.scratch[a.rank];
-    for (int src = 0; src < a.world; ++src) {
+    for (int src = 0; src < world; ++src) {
       uint2 p = mine;
-      if (src != a.rank) {
-        p = WaitLine(a, own + ScratchOffset(half, block, a.world, src, t), flag,
-                     WaitSite{a.rank, src, block, t, epoch});
+      if (src != rank) {
+        p = WaitLine(a.peers, own + ScratchOffset(half, block, world, src, t), flag,
+                     WaitSite{rank, src, block, t, epoch});
       }
       sum.Add(src, p);
     }
@@ -75,9 +83,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   // Every thread of the block has read `epoch` and consumed its lines.
   __syncthreads();
   if (MustRezero(epoch)) {
-    char* own = a.scratch[a.rank];
-    for (int i = t; i < a.world * kLinesPerBlock; i += blockDim.x) {
-      ClearLine(own + ScratchOffset(half, block, a.world, 0, 0) +
+    for (int i = t; i < world * kLinesPerBlock; i += blockDim.x) {
+      ClearLine(own + ScratchOffset(half, block, world, 0, 0) +
                 size_t(i) * kLineBytes);
     }
   }
@@ -105,13 +112,13 @@ OneShotGrid OneShotGridFor(uint32_t lines) {
 
 cudaError_t LaunchOneShotLL(AllReduceArgs a, DType dtype, cudaStream_t stream) {
   if (a.n_bytes == 0) return cudaSuccess;
-  if (a.n_bytes > kOneShotMaxBytes || a.world < 2 || a.world > kMaxRanks) {
+  if (a.n_bytes > kOneShotMaxBytes || a.world < 2 || a.world > kMaxRanks ||
+      a.rank >= a.world || a.peers == nullptr || a.epochs == nullptr) {
     return cudaErrorInvalidValue;
   }
-  a.lines = static_cast<uint32_t>((a.n_bytes + kPayloadBytesPerLine - 1) /
-                                  kPayloadBytesPerLine);
+  a.lines = (a.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
   const OneShotGrid g = OneShotGridFor(a.lines);
-  a.lines_per_block = g.lines_per_block;
+  a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
   switch (dtype) {
     case DType::kF32:
       return Launch<float>(a, g, stream);
