@@ -202,6 +202,37 @@ def device_profile(fn, x, calls: int = 3) -> dict | None:
     shutil.rmtree(d, ignore_errors=True)
 
 
+def call_trace_stats(k: int) -> dict | None:
+  """Per device, from the kernels' own call trace (args.h; no profiler): the
+  median and mean period between the starts of the last `k` calls of the
+  all-reduce and the median kernel duration, in microseconds. None when no
+  communicator has tracing on."""
+  from jax_llar import comm
+  mod = _ext.load()
+  if mod is None:
+    return None
+  out = {}
+  for cs in comm.comm_sets():
+    for group in cs.groups:
+      for dev in group:
+        calls, words = mod.read_call_trace(cs.comm_id, dev)
+        if not words or calls < k:
+          continue
+        slots = mod.TRACE_SLOTS
+        idx = [(e % slots) for e in range(calls - k, calls)]
+        starts = np.array([words[2 * i] for i in idx], dtype=np.float64) / 1e3
+        ends = np.array([words[2 * i + 1] for i in idx], dtype=np.float64) / 1e3
+        periods = np.diff(starts)
+        out[f"cuda:{dev}"] = {
+            "calls": k,
+            "period_us_median": float(np.median(periods)),
+            "period_us_mean": float(np.mean(periods)),
+            "kernel_us_median": float(np.median(ends - starts)),
+            "first_start_ns": int(words[2 * idx[0]]),
+        }
+  return out or None
+
+
 def _mean_of(profile, key):
   vals = [v[key] for v in (profile or {}).get("devices", {}).values()
           if v.get(key) is not None]
@@ -235,6 +266,11 @@ def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng,
       k_long - k_short)
   profile = (device_profile(f_long, x)
              if timeline and impl != "lax.psum" else None)
+  trace = None
+  if timeline and impl.startswith("llar.") and fast:
+    # One more unprofiled call of the long chain, timed by the kernels.
+    f_long(x).block_until_ready()
+    trace = call_trace_stats(k_long)
   return {
       "impl": impl, "world_size": world, "dtype": str(dtype),
       "bytes_per_rank": n * dtype.itemsize, "us_per_call": slope_all * 1e6,
@@ -248,6 +284,9 @@ def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng,
       "device_period_us": _mean_of(profile, "period_us_median"),
       "device_mean_period_us": _mean_of(profile, "period_us_mean"),
       "device_profile": profile,
+      "call_trace": trace,
+      "trace_period_us": (float(np.mean([v["period_us_mean"] for v in trace.values()]))
+                          if trace else None),
   }
 
 
@@ -331,7 +370,7 @@ def print_table(rows):
   head = f"{'dtype':9s} {'bytes':>8s} " + " ".join(f"{i:>22s}" for i in impls)
   if {"llar.one_shot_ll", "xla.custom_call_copy", "lax.psum"} <= set(impls):
     head += (f" {'llar-copy':>10s} {'psum/llar':>10s} {'dev llar-copy':>14s}"
-             f" {'mean llar-copy':>15s}")
+             f" {'trace llar-copy':>16s} {'mean llar-copy':>15s}")
   print(head)
   for (dt, b), v in sorted(by.items()):
     cells = []
@@ -348,6 +387,8 @@ def print_table(rows):
       line += f" {ll - cp:10.2f} {ps / ll if ll > 0 else float('nan'):10.1f}"
       dl, dc = v["llar.one_shot_ll"].get("device_period_us"), v["xla.custom_call_copy"].get("device_period_us")
       line += f" {dl - dc:14.2f}" if dl and dc else f" {'-':>14s}"
+      tp = v["llar.one_shot_ll"].get("trace_period_us")
+      line += f" {tp - mc_:16.2f}" if (tp and (mc_ := v["xla.custom_call_copy"].get("device_mean_period_us"))) else f" {'-':>16s}"
       ml = v["llar.one_shot_ll"].get("device_mean_period_us")
       mc = v["xla.custom_call_copy"].get("device_mean_period_us")
       line += f" {ml - mc:15.2f}" if ml and mc else f" {'-':>15s}"
@@ -356,7 +397,9 @@ def print_table(rows):
         "did not match the host simulation; '*' = jax_llar fell back to lax.psum, "
         "so no ratio is printed; 'dev llar-copy': difference of the median "
         "per-step device periods read from a profiler trace; 'mean llar-copy': "
-        "the same with mean periods, which include the GPUs' stalls)")
+        "the same with mean periods, which include the GPUs' stalls; 'trace "
+        "llar-copy': the llar period from the kernels' own timestamps without a "
+        "profiler, minus the copy's mean profiled period)")
   if not flags:
     return
   print("lax.psum under XLA flags (us per step; 'best psum/llar' takes the "
@@ -442,6 +485,15 @@ def run_jax_level(args) -> dict:
     raise SystemExit("jax level needs at least 2 devices")
   mesh = Mesh(np.array(devices[: args.world or len(devices)]), ("x",))
   rng = np.random.default_rng(args.seed)
+  if args.timeline_max_bytes > 0 and devices[0].platform == "gpu" and _ext.load() is not None:
+    # The all-reduce chain's communicator, with the kernels' call trace on
+    # (read by call_trace_stats after the timed runs).
+    from jax_llar import comm
+    try:
+      cs = comm.get_or_create([[d.local_hardware_id for d in mesh.devices.flat]])
+      _ext.load().enable_call_trace(cs.comm_id)
+    except RuntimeError as e:
+      print(f"no call trace: {e}", file=sys.stderr)
   rows = []
   for dt_name in args.dtypes:
     dtype = DTYPES[dt_name]

@@ -466,3 +466,29 @@ def test_custom_call_inside_command_buffer(tmp_path):
   verdict = graphcheck.check(str(tmp_path))
   assert verdict["child_rc"] == 0, verdict["child_stderr"]
   assert verdict["in_command_buffer"], verdict
+
+
+def test_call_trace_records_every_call(mesh):
+  """The kernels' call trace (args.h) holds one start/end pair per call, in
+  order, with positive durations; results stay exact while it is on."""
+  from jax_llar import _ext, comm
+  mod = _ext.load()
+  cs = comm.get_or_create([[d.local_hardware_id for d in mesh.devices.flat]])
+  mod.enable_call_trace(cs.comm_id)
+  before = {d: mod.read_call_trace(cs.comm_id, d)[0] for d in cs.groups[0]}
+  rng = np.random.default_rng(7)
+  for _ in range(20):
+    inputs = [testing.random_array(rng, (300,), F32) for _ in range(mesh.size)]
+    out = allreduce_per_rank(mesh, inputs)
+    expect = testing.rank_order_sum(inputs, F32)
+    assert all(testing.bitwise_equal(o, expect) for o in out)
+  for d in cs.groups[0]:
+    calls, words = mod.read_call_trace(cs.comm_id, d)
+    assert calls == before[d] + 20
+    slots = mod.TRACE_SLOTS
+    idx = [e % slots for e in range(calls - 20, calls)]
+    starts = [words[2 * i] for i in idx]
+    ends = [words[2 * i + 1] for i in idx]
+    assert all(s > 0 for s in starts)
+    assert all(e > s for s, e in zip(starts, ends))
+    assert all(b > a for a, b in zip(ends, starts[1:]))

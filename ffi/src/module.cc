@@ -78,6 +78,18 @@ NB_MODULE(_llar, m) {
   m.def("set_drop_peer_writes_for_testing", &llar::SetDropPeerWritesForTesting,
         nb::arg("comm_id"), nb::arg("device"), nb::arg("drop"));
 
+  m.def("enable_call_trace", &llar::EnableCallTrace, nb::arg("comm_id"),
+        "Start recording device timestamps of every call (args.h: kTraceSlots).");
+  m.def(
+      "read_call_trace",
+      [](int64_t comm_id, int32_t device) {
+        auto r = llar::ReadCallTrace(comm_id, device);
+        return nb::make_tuple(r.first, r.second);
+      },
+      nb::arg("comm_id"), nb::arg("device"),
+      "(calls so far, 2 * TRACE_SLOTS words of start/end ns); words empty when off.");
+  m.attr("TRACE_SLOTS") = llar::kTraceSlots;
+
   m.def(
       "kernel_bench",
       [](int64_t comm_id, const std::string& impl, int dtype,

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -305,6 +306,49 @@ void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop) {
   if (c == nullptr) Fail("jax_llar: no such communicator/device");
   const_cast<DeviceContext*>(c)->drop_peer_writes.store(
       drop ? 1 : 0, std::memory_order_relaxed);
+}
+
+void EnableCallTrace(int64_t comm_id) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size()) || !g_sets[comm_id]) {
+    Fail("jax_llar: no such communicator set");
+  }
+  DeviceGuard guard;
+  for (const auto& d : g_sets[comm_id]->devices) {
+    DeviceContext& c = d->context;
+    if (c.trace != nullptr) continue;
+    CheckCuda(cudaSetDevice(c.ordinal), "cudaSetDevice");
+    CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    uint64_t* buf = nullptr;
+    const size_t bytes = sizeof(uint64_t) * 2 * kTraceSlots;
+    CheckCuda(cudaMalloc(&buf, bytes), "cudaMalloc(trace)");
+    CheckCuda(cudaMemset(buf, 0, bytes), "cudaMemset(trace)");
+    CheckCuda(cudaMemcpy(reinterpret_cast<char*>(d->peers) + offsetof(PeerTable, trace),
+                         &buf, sizeof(buf), cudaMemcpyHostToDevice),
+              "cudaMemcpy(trace pointer)");
+    CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    c.trace = buf;
+  }
+}
+
+std::pair<uint64_t, std::vector<uint64_t>> ReadCallTrace(int64_t comm_id,
+                                                         int32_t ordinal) {
+  const DeviceContext* c = Lookup(comm_id, ordinal);
+  if (c == nullptr) Fail("jax_llar: no such communicator/device");
+  DeviceGuard guard;
+  CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
+  CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  uint64_t epoch = 0;
+  CheckCuda(cudaMemcpy(&epoch, c->base.epochs, sizeof(epoch), cudaMemcpyDeviceToHost),
+            "cudaMemcpy(epoch)");
+  std::vector<uint64_t> words;
+  if (c->trace != nullptr) {
+    words.resize(2 * kTraceSlots);
+    CheckCuda(cudaMemcpy(words.data(), c->trace, sizeof(uint64_t) * words.size(),
+                         cudaMemcpyDeviceToHost),
+              "cudaMemcpy(trace)");
+  }
+  return {epoch, std::move(words)};
 }
 
 int NcclRuntimeVersion() {

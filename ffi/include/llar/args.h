@@ -78,7 +78,13 @@ struct PeerTable {
   ErrorRecord* error;              // host-mapped, device-visible
   int32_t* error_claim;            // device word: the first failing thread claims the record
   uint64_t timeout_ns;             // bound on every wait
+  uint64_t* trace;                 // nullptr, or the call trace (kTraceSlots entries)
 };
+
+// Call trace (off unless enabled): block 0 of each call stores its start and
+// end time (%globaltimer, ns) in entry (epoch % kTraceSlots), two words per
+// entry. Device timestamps of the last calls without a profiler.
+inline constexpr int kTraceSlots = 4096;
 
 // What the kernel does with its lines (kSend is the all-reduce).
 enum class PeerWrites : int32_t {

@@ -42,6 +42,13 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int rank = a.rank, world = a.world;
   const uint64_t epoch = LoadEpoch(a.epochs + block);
   char* const own = ScratchOf(a.peers, rank);
+  uint64_t* trace = nullptr;
+  uint64_t t_start = 0;
+  if (block == 0 && t == 0) {
+    t_start = GlobalTimerNs();
+    trace = reinterpret_cast<uint64_t*>(
+        __ldg(reinterpret_cast<const unsigned long long*>(&a.peers->trace)));
+  }
   const bool aligned =
       ((reinterpret_cast<uintptr_t>(a.in) | reinterpret_cast<uintptr_t>(a.out)) &
        (kPayloadBytesPerLine - 1)) == 0;
@@ -89,6 +96,11 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
   }
   if (t == 0) a.epochs[block] = epoch + 1;
+  if (trace != nullptr) {
+    const size_t e = 2 * size_t(epoch % kTraceSlots);
+    trace[e] = t_start;
+    trace[e + 1] = GlobalTimerNs();
+  }
 }
 
 template <typename T>
