@@ -233,6 +233,81 @@ def call_trace_stats(k: int) -> dict | None:
   return out or None
 
 
+def _bracketed_copy_chain(mesh: Mesh, k: int, dtype):
+  """psum, then K steps of copy-then-multiply, then psum: the two all-reduces'
+  call-trace timestamps bracket a chain of copy custom calls."""
+  table = jnp.asarray(factors(mesh.size, dtype))
+
+  def body(x):
+    f = table[lax.axis_index("x")]
+    x = jax_llar.psum(x, "x")
+    for _ in range(k):
+      x = _copy.copy(x) * f
+    return jax_llar.psum(x, "x")
+
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"),
+                               out_specs=P("x"), check_vma=False))
+
+
+def call_anatomy(mesh, dtype, nbytes, k_short, k_long, rng, reps: int = 7) -> dict:
+  """Where the wall time of one jitted call goes, from host clocks and the
+  kernels' call trace (%globaltimer, which reads Unix time in ns on these
+  machines): `pre_us` from the host call to the first all-reduce kernel's
+  start (earliest device), `span_us` from there to the last all-reduce
+  kernel's end (latest device), `post_us` from there until block_until_ready
+  returned, and `skew_us` between the devices' first starts. Medians over
+  `reps` calls, for the all-reduce chain and for a copy chain bracketed by
+  one all-reduce at each end, at both chain lengths. Results are checked
+  against the host simulation."""
+  from jax_llar import comm
+  mod = _ext.load()
+  world = mesh.size
+  n = max(1, nbytes // dtype.itemsize)
+  inputs = [testing.random_array(rng, (n,), dtype) for _ in range(world)]
+  x = jax.device_put(np.concatenate(inputs), NamedSharding(mesh, P("x")))
+  cs = comm.get_or_create([[d.local_hardware_id for d in mesh.devices.flat]])
+  devs = list(cs.groups[0])
+  f = factors(world, dtype)
+  out = {}
+  for name, build, traced_calls in (
+      ("llar_chain", lambda k: chain("llar.one_shot_ll", mesh, k, dtype), lambda k: k),
+      ("bracketed_copy_chain", lambda k: _bracketed_copy_chain(mesh, k, dtype), lambda k: 2)):
+    for k in (k_short, k_long):
+      fn = build(k)
+      got = np.asarray(fn(x)).reshape(world, n)
+      if name == "llar_chain":
+        expect = simulate("llar.one_shot_ll", inputs, k, dtype)
+      else:
+        s = testing.rank_order_sum(inputs, dtype)
+        xs = [s] * world
+        for _ in range(k):
+          xs = [testing.round_from_f64(v.astype(np.float64) * np.float64(f[r]), dtype)
+                for r, v in enumerate(xs)]
+        expect = [testing.rank_order_sum(xs, dtype)] * world
+      correct = all(testing.bitwise_equal(got[r], expect[r]) for r in range(world))
+      samples = []
+      for _ in range(reps):
+        t0 = time.time_ns()
+        fn(x).block_until_ready()
+        t1 = time.time_ns()
+        firsts, lasts = [], []
+        for dev in devs:
+          calls, words = mod.read_call_trace(cs.comm_id, dev)
+          m = traced_calls(k)
+          first = (calls - m) % mod.TRACE_SLOTS
+          last = (calls - 1) % mod.TRACE_SLOTS
+          firsts.append(words[2 * first])
+          lasts.append(words[2 * last + 1])
+        samples.append(((min(firsts) - t0) / 1e3, (max(lasts) - min(firsts)) / 1e3,
+                        (t1 - max(lasts)) / 1e3, (max(firsts) - min(firsts)) / 1e3))
+      med = np.median(np.array(samples), axis=0)
+      out[f"{name}_k{k}"] = {"pre_us": float(med[0]), "span_us": float(med[1]),
+                             "post_us": float(med[2]), "skew_us": float(med[3]),
+                             "wall_us": float(med[0] + med[1] + med[2]),
+                             "correct": bool(correct)}
+  return out
+
+
 def _mean_of(profile, key):
   vals = [v[key] for v in (profile or {}).get("devices", {}).values()
           if v.get(key) is not None]
@@ -507,12 +582,20 @@ def run_jax_level(args) -> dict:
               f"{row['us_per_call']:8.2f} us/step [{row['us_round_min']:.2f}, "
               f"{row['us_round_max']:.2f}] correct={row['correct']} "
               f"fast_path={row['fast_path']}", flush=True)
+  anatomy = None
+  if args.anatomy_bytes and _ext.load() is not None and devices[0].platform == "gpu":
+    anatomy = call_anatomy(mesh, DTYPES[args.dtypes[0]], args.anatomy_bytes,
+                           args.k_short, args.k_long, rng)
+    for key, v in anatomy.items():
+      print(f"anatomy {key:30s} pre {v['pre_us']:8.1f} us  span {v['span_us']:8.1f} us  "
+            f"post {v['post_us']:7.1f} us  skew {v['skew_us']:7.1f} us  "
+            f"correct={v['correct']}", flush=True)
   failures = []
   if args.psum_flags:
     flag_rows, failures = run_psum_flag_baselines(args)
     rows += flag_rows
   return {"env": environment(), "level": "jax", "rows": rows,
-          "psum_flag_failures": failures,
+          "psum_flag_failures": failures, "call_anatomy": anatomy,
           "dispatch": [d.__dict__ for d in jax_llar.dispatch_log()
                        if d.reason != "platform"][-50:]}
 
@@ -549,6 +632,10 @@ def main(argv=None):
   p.add_argument("--psum-flags", action="store_true",
                  help="also time lax.psum under each XLA flag of MEASURED.md, each "
                       "in its own subprocess (jax level)")
+  p.add_argument("--anatomy-bytes", type=int, default=0,
+                 help="also split the wall time of one call into host time before "
+                      "the first all-reduce kernel, device span and host time after "
+                      "(kernels' call trace), at this size per rank (0: off)")
   p.add_argument("--flag-timeout", type=int, default=600,
                  help="seconds allowed per flag subprocess")
   p.add_argument("--out", default="benchmarks/results",
