@@ -1,10 +1,17 @@
 // XLA FFI handlers. Thin by design: decode, look up the device context, launch.
 //
-// jax_llar_all_reduce (instantiate / initialize / execute):
+// jax_llar_all_reduce (instantiate / execute):
 //   instantiate  checks the static attributes once per executable;
-//   initialize   checks, per device, that the communicator exists there;
-//   execute      launches one kernel on XLA's stream: no allocation, no host
+//   execute      checks that the communicator has a member on this device and
+//                launches one kernel on XLA's stream: no allocation, no host
 //                synchronisation, no lock (the lookup is one atomic load).
+//   There is deliberately no initialize stage: XLA 0.11 runs a custom call's
+//   initialize stage on every execution of the program, building a call frame
+//   for each call site, also when the call sits in a command buffer. In a
+//   chain of 512 all-reduces that cost 1.24 us of host time per call before
+//   the CUDA graph could start, against 0.69 us for the execute-only copy
+//   (benchmarks/results/h200x2-20261130-anatomy.json); the check it made is
+//   the execute handler's first step anyway.
 //   The execute handler carries kCmdBufferCompatible, so XLA captures it into
 //   its CUDA graph; everything that changes per call (epochs) lives in device
 //   memory and is advanced by the kernel.
@@ -48,17 +55,6 @@ ffi::Error AllReduceInstantiate(int64_t comm_id, int64_t comm_key,
         "jax_llar: communicator set " + std::to_string(comm_id) +
         " does not exist in this process with the devices this program was "
         "lowered for (was it compiled in another process?); lower it again here");
-  }
-  return CheckAlgorithm(algorithm);
-}
-
-ffi::Error AllReduceInitialize(int32_t ordinal, int64_t comm_id,
-                               int64_t comm_key, int64_t algorithm) {
-  (void)comm_key;  // checked at instantiate
-  if (Lookup(comm_id, ordinal) == nullptr) {
-    return ffi::Error::InvalidArgument(
-        "jax_llar: communicator set " + std::to_string(comm_id) +
-        " has no member on CUDA device " + std::to_string(ordinal));
   }
   return CheckAlgorithm(algorithm);
 }
@@ -119,13 +115,6 @@ XLA_FFI_DEFINE_HANDLER(kAllReduceInstantiate, AllReduceInstantiate,
                            .Attr<int64_t>("comm_key")
                            .Attr<int64_t>("algorithm"));
 
-XLA_FFI_DEFINE_HANDLER(kAllReduceInitialize, AllReduceInitialize,
-                       ffi::Ffi::BindInitialize()
-                           .Ctx<ffi::DeviceOrdinal>()
-                           .Attr<int64_t>("comm_id")
-                           .Attr<int64_t>("comm_key")
-                           .Attr<int64_t>("algorithm"));
-
 XLA_FFI_DEFINE_HANDLER(kAllReduceExecute, AllReduceExecute,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::PlatformStream<cudaStream_t>>()
@@ -153,7 +142,6 @@ XLA_FFI_DEFINE_HANDLER(kWideCopyExecute, CopyExecute<LaunchWideCopy>,
 
 HandlerTable GetHandlers() {
   return {reinterpret_cast<void*>(kAllReduceInstantiate),
-          reinterpret_cast<void*>(kAllReduceInitialize),
           reinterpret_cast<void*>(kAllReduceExecute),
           reinterpret_cast<void*>(kCopyExecute),
           reinterpret_cast<void*>(kWideCopyExecute)};

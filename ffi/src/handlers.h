@@ -7,7 +7,6 @@ namespace llar {
 
 struct HandlerTable {
   void* all_reduce_instantiate;
-  void* all_reduce_initialize;
   void* all_reduce_execute;
   void* copy_execute;
   void* wide_copy_execute;  // diagnostic twin of copy_execute (copy.cu)

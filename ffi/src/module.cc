@@ -28,7 +28,6 @@ NB_MODULE(_llar, m) {
     const llar::HandlerTable h = llar::GetHandlers();
     nb::dict all_reduce;
     all_reduce["instantiate"] = Capsule(h.all_reduce_instantiate);
-    all_reduce["initialize"] = Capsule(h.all_reduce_initialize);
     all_reduce["execute"] = Capsule(h.all_reduce_execute);
     nb::dict out;
     out["jax_llar_all_reduce"] = all_reduce;
