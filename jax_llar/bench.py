@@ -205,7 +205,8 @@ def device_profile(fn, x, calls: int = 3) -> dict | None:
 def call_trace_stats(k: int) -> dict | None:
   """Per device, from the kernels' own call trace (args.h; no profiler): the
   median and mean period between the starts of the last `k` calls of the
-  all-reduce and the median kernel duration, in microseconds. None when no
+  all-reduce (taken when block 0 had sent its lines) and the median time from
+  that send to the end of block 0, in microseconds. None when no
   communicator has tracing on."""
   from jax_llar import comm
   mod = _ext.load()
@@ -227,7 +228,7 @@ def call_trace_stats(k: int) -> dict | None:
             "calls": k,
             "period_us_median": float(np.median(periods)),
             "period_us_mean": float(np.mean(periods)),
-            "kernel_us_median": float(np.median(ends - starts)),
+            "send_to_end_us_median": float(np.median(ends - starts)),
             "first_start_ns": int(words[2 * idx[0]]),
         }
   return out or None
@@ -252,9 +253,10 @@ def _bracketed_copy_chain(mesh: Mesh, k: int, dtype):
 def call_anatomy(mesh, dtype, nbytes, k_short, k_long, rng, reps: int = 7) -> dict:
   """Where the wall time of one jitted call goes, from host clocks and the
   kernels' call trace (%globaltimer, which reads Unix time in ns on these
-  machines): `pre_us` from the host call to the first all-reduce kernel's
-  start (earliest device), `span_us` from there to the last all-reduce
-  kernel's end (latest device), `post_us` from there until block_until_ready
+  machines, give or take an offset per GPU of up to ~1 ms: compare values
+  between chain lengths, not across GPUs): `pre_us` from the host call to the
+  first all-reduce kernel's send (earliest device), `span_us` from there to
+  the last all-reduce kernel's end (latest device), `post_us` from there until block_until_ready
   returned, and `skew_us` between the devices' first starts. Medians over
   `reps` calls, for the all-reduce chain and for a copy chain bracketed by
   one all-reduce at each end, at both chain lengths. Results are checked

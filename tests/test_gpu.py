@@ -469,7 +469,7 @@ def test_custom_call_inside_command_buffer(tmp_path):
 
 
 def test_call_trace_records_every_call(mesh):
-  """The kernels' call trace (args.h) holds one start/end pair per call, in
+  """The kernels' call trace (args.h) holds one send/end pair per call, in
   order, with positive durations; results stay exact while it is on."""
   from jax_llar import _ext, comm
   mod = _ext.load()

@@ -81,9 +81,10 @@ struct PeerTable {
   uint64_t* trace;                 // nullptr, or the call trace (kTraceSlots entries)
 };
 
-// Call trace (off unless enabled): block 0 of each call stores its start and
-// end time (%globaltimer, ns) in entry (epoch % kTraceSlots), two words per
-// entry. Device timestamps of the last calls without a profiler.
+// Call trace (off unless enabled): thread 0 of block 0 of each call stores
+// the time its lines were sent and the time the block finished (%globaltimer,
+// ns) in entry (epoch % kTraceSlots), two words per entry: device timestamps
+// of the last calls without a profiler.
 inline constexpr int kTraceSlots = 4096;
 
 // What the kernel does with its lines (kSend is the all-reduce).

@@ -42,10 +42,12 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int rank = a.rank, world = a.world;
   const uint64_t epoch = LoadEpoch(a.epochs + block);
   char* const own = ScratchOf(a.peers, rank);
+  // Call trace (off by default): one thread loads the pointer with the other
+  // loads and reads the clock only once its lines are sent, so the trace
+  // adds nothing before the sends (a clock read at entry cost ~0.15 us).
   uint64_t* trace = nullptr;
-  uint64_t t_start = 0;
+  uint64_t t_sent = 0;
   if (block == 0 && t == 0) {
-    t_start = GlobalTimerNs();
     trace = reinterpret_cast<uint64_t*>(
         __ldg(reinterpret_cast<const unsigned long long*>(&a.peers->trace)));
   }
@@ -74,6 +76,7 @@ __global__ void __launch_bounds__(kMaxThreads)
         StoreLine(own + ScratchOffset(half, block, world, peer, t), mine, flag);
       }
     }
+    if (trace != nullptr) t_sent = GlobalTimerNs();
     // Receive and reduce in rank order.
     RankOrderSum<T> sum;
     for (int src = 0; src < world; ++src) {
@@ -98,7 +101,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   if (t == 0) a.epochs[block] = epoch + 1;
   if (trace != nullptr) {
     const size_t e = 2 * size_t(epoch % kTraceSlots);
-    trace[e] = t_start;
+    trace[e] = t_sent;
     trace[e + 1] = GlobalTimerNs();
   }
 }
