@@ -268,6 +268,9 @@ def call_anatomy(mesh, dtype, nbytes, k_short, k_long, rng, reps: int = 7) -> di
   inputs = [testing.random_array(rng, (n,), dtype) for _ in range(world)]
   x = jax.device_put(np.concatenate(inputs), NamedSharding(mesh, P("x")))
   cs = comm.get_or_create([[d.local_hardware_id for d in mesh.devices.flat]])
+  # Programs recorded from here on launch the call-trace variant of the
+  # kernel (the rows timed before keep the plain one).
+  mod.enable_call_trace(cs.comm_id)
   devs = list(cs.groups[0])
   f = factors(world, dtype)
   out = {}
@@ -345,6 +348,8 @@ def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng,
              if timeline and impl != "lax.psum" else None)
   trace = None
   if timeline and impl.startswith("llar.") and fast:
+    # Only when the call trace was enabled before these chains were compiled
+    # (call_anatomy does; the timed rows use the kernel without it).
     # One more unprofiled call of the long chain, timed by the kernels.
     f_long(x).block_until_ready()
     trace = call_trace_stats(k_long)
@@ -500,7 +505,9 @@ KERNEL_IMPLS = {"llar.one_shot_ll": "one_shot_ll", "kernel.copy": "copy",
                 # Diagnostic, not an all-reduce: one_shot_ll with every peer
                 # store looped back into the rank's own scratch (no network);
                 # each rank's output is its input summed world-size times.
-                "diag.one_shot_ll_loopback": "one_shot_ll_loopback"}
+                "diag.one_shot_ll_loopback": "one_shot_ll_loopback",
+                # Diagnostic: the call-trace variant of one_shot_ll.
+                "diag.one_shot_ll_traced": "one_shot_ll_traced"}
 _DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(ml_dtypes.bfloat16): 1,
                 np.dtype(np.float16): 2}
 
@@ -538,7 +545,7 @@ def run_kernel_level(args) -> dict:
           correct = all(testing.bitwise_equal(
               o, testing.rank_order_sum([x] * len(devices), dtype))
               for o, x in zip(outs, inputs))
-        elif impl == "llar.one_shot_ll" or len(devices) == 2:
+        elif impl in ("llar.one_shot_ll", "diag.one_shot_ll_traced") or len(devices) == 2:
           correct = all(testing.bitwise_equal(o, expect) for o in outs)
         else:  # NCCL's ring order is not rank order beyond two ranks
           correct = all(np.allclose(o.astype(np.float64), expect.astype(np.float64),
@@ -562,15 +569,6 @@ def run_jax_level(args) -> dict:
     raise SystemExit("jax level needs at least 2 devices")
   mesh = Mesh(np.array(devices[: args.world or len(devices)]), ("x",))
   rng = np.random.default_rng(args.seed)
-  if args.timeline_max_bytes > 0 and devices[0].platform == "gpu" and _ext.load() is not None:
-    # The all-reduce chain's communicator, with the kernels' call trace on
-    # (read by call_trace_stats after the timed runs).
-    from jax_llar import comm
-    try:
-      cs = comm.get_or_create([[d.local_hardware_id for d in mesh.devices.flat]])
-      _ext.load().enable_call_trace(cs.comm_id)
-    except RuntimeError as e:
-      print(f"no call trace: {e}", file=sys.stderr)
   rows = []
   for dt_name in args.dtypes:
     dtype = DTYPES[dt_name]
@@ -584,7 +582,7 @@ def run_jax_level(args) -> dict:
               f"{row['us_per_call']:8.2f} us/step [{row['us_round_min']:.2f}, "
               f"{row['us_round_max']:.2f}] correct={row['correct']} "
               f"fast_path={row['fast_path']}", flush=True)
-  anatomy = None
+  anatomy = None  # last: it turns the call trace on for later programs
   if args.anatomy_bytes and _ext.load() is not None and devices[0].platform == "gpu":
     anatomy = call_anatomy(mesh, DTYPES[args.dtypes[0]], args.anatomy_bytes,
                            args.k_short, args.k_long, rng)

@@ -477,9 +477,13 @@ def test_call_trace_records_every_call(mesh):
   mod.enable_call_trace(cs.comm_id)
   before = {d: mod.read_call_trace(cs.comm_id, d)[0] for d in cs.groups[0]}
   rng = np.random.default_rng(7)
+  # A program compiled (and so captured) after the trace was enabled.
+  traced = jax.jit(jax.shard_map(lambda v: jax_llar.psum(v, "x"), mesh=mesh,
+                                 in_specs=P("x"), out_specs=P("x"), check_vma=False))
   for _ in range(20):
     inputs = [testing.random_array(rng, (300,), F32) for _ in range(mesh.size)]
-    out = allreduce_per_rank(mesh, inputs)
+    x = jax.device_put(np.stack(inputs), NamedSharding(mesh, P("x")))
+    out = np.asarray(traced(x))
     expect = testing.rank_order_sum(inputs, F32)
     assert all(testing.bitwise_equal(o, expect) for o in out)
   for d in cs.groups[0]:

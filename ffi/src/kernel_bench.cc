@@ -50,8 +50,8 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
   if (impl.rfind("one_shot_ll", 0) == 0 && bytes > kOneShotMaxBytes) {
     throw std::runtime_error("jax_llar kernel bench: larger than the one-shot limit");
   }
-  if (impl != "one_shot_ll" && impl != "one_shot_ll_loopback" && impl != "copy" &&
-      impl != "nccl") {
+  if (impl != "one_shot_ll" && impl != "one_shot_ll_loopback" &&
+      impl != "one_shot_ll_traced" && impl != "copy" && impl != "nccl") {
     throw std::runtime_error("jax_llar kernel bench: unknown impl " + impl);
   }
   int prev = 0;
@@ -108,7 +108,9 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
         // work, and one_shot_ll minus loopback is what the network adds.
         a.peer_writes = impl == "one_shot_ll_loopback" ? PeerWrites::kLoopback
                                                        : PeerWrites::kSend;
-        CheckCuda(LaunchOneShotLL(a, dtype, ranks[r].stream), "one-shot launch");
+        // Traced: the call-trace variant (its trace pointer may be null).
+        CheckCuda(LaunchOneShotLL(a, dtype, ranks[r].stream, impl == "one_shot_ll_traced"),
+                  "one-shot launch");
       }
     }
   }

@@ -316,7 +316,7 @@ void EnableCallTrace(int64_t comm_id) {
   DeviceGuard guard;
   for (const auto& d : g_sets[comm_id]->devices) {
     DeviceContext& c = d->context;
-    if (c.trace != nullptr) continue;
+    if (c.trace.load() != nullptr) continue;
     CheckCuda(cudaSetDevice(c.ordinal), "cudaSetDevice");
     CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     uint64_t* buf = nullptr;
@@ -327,7 +327,7 @@ void EnableCallTrace(int64_t comm_id) {
                          &buf, sizeof(buf), cudaMemcpyHostToDevice),
               "cudaMemcpy(trace pointer)");
     CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    c.trace = buf;
+    c.trace.store(buf);
   }
 }
 
@@ -342,9 +342,9 @@ std::pair<uint64_t, std::vector<uint64_t>> ReadCallTrace(int64_t comm_id,
   CheckCuda(cudaMemcpy(&epoch, c->base.epochs, sizeof(epoch), cudaMemcpyDeviceToHost),
             "cudaMemcpy(epoch)");
   std::vector<uint64_t> words;
-  if (c->trace != nullptr) {
+  if (uint64_t* buf = c->trace.load(); buf != nullptr) {
     words.resize(2 * kTraceSlots);
-    CheckCuda(cudaMemcpy(words.data(), c->trace, sizeof(uint64_t) * words.size(),
+    CheckCuda(cudaMemcpy(words.data(), buf, sizeof(uint64_t) * words.size(),
                          cudaMemcpyDeviceToHost),
               "cudaMemcpy(trace)");
   }

@@ -28,7 +28,7 @@ struct DeviceContext {
   int32_t rank = -1;
   int32_t world = 0;
   AllReduceArgs base{};          // epochs, peer table, rank, world
-  uint64_t* trace = nullptr;     // device call-trace buffer, once enabled
+  std::atomic<uint64_t*> trace{nullptr};  // device call-trace buffer, once enabled
   std::atomic<int32_t> drop_peer_writes{0};  // test hook (F13): 1 = PeerWrites::kDrop
 };
 
@@ -72,7 +72,8 @@ void SetEpochForTesting(int64_t comm_id, uint64_t epoch);
 void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop);
 
 // Call trace (args.h): EnableCallTrace synchronises the set's devices and
-// gives each a trace buffer; ReadCallTrace returns block 0's epoch (the number
+// gives each a trace buffer; calls recorded (captured) after it launch the
+// trace variant of the kernel, calls recorded before keep the plain one; ReadCallTrace returns block 0's epoch (the number
 // of calls so far) and the 2 * kTraceSlots words of one device's buffer
 // (empty when tracing is off).
 void EnableCallTrace(int64_t comm_id);

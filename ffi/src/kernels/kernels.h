@@ -20,7 +20,9 @@ struct OneShotGrid {
 OneShotGrid OneShotGridFor(uint32_t lines);
 
 // one_shot_ll.cu: a.lines, a.lines_per_block are filled in by the launcher.
-cudaError_t LaunchOneShotLL(AllReduceArgs a, DType dtype, cudaStream_t stream);
+// trace = true launches the call-trace variant (args.h).
+cudaError_t LaunchOneShotLL(AllReduceArgs a, DType dtype, cudaStream_t stream,
+                            bool trace = false);
 
 // copy.cu: the trivial custom call that measures XLA's own cost per step.
 cudaError_t LaunchCopy(const void* in, void* out, uint64_t n_bytes,
