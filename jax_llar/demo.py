@@ -261,6 +261,19 @@ def run(args) -> dict:
           "token_ids": tokens["jax_llar.psum"][:, 0].tolist()}
 
 
+def app_result(out: dict, env: dict, command: str) -> dict:
+  """The demo's output in the result shape of BENCHMARK.md (level "app",
+  metric itl_us, impl names lax.psum / llar.auto), with the raw output kept
+  under "demo"."""
+  workload = f"{out['preset']} batch {out['batch']} tokens {out['tokens']}"
+  names = {"lax.psum": "lax.psum", "jax_llar.psum": "llar.auto"}
+  rows = [{"impl": names[k], "world_size": out["tp"], "dtype": "bfloat16",
+           "metric": "itl_us", "value": v["itl_us"], "min": v["itl_us_min"],
+           "max": v["itl_us_max"], "workload": workload}
+          for k, v in out["results"].items()]
+  return {"env": env, "level": "app", "command": command, "rows": rows, "demo": out}
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(
       description=__doc__.splitlines()[0] + " Prints inter-token latency in "
@@ -274,12 +287,30 @@ def main(argv=None) -> int:
   p.add_argument("--cpu-devices", type=int, default=2,
                  help="host devices to force when there is no GPU")
   p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-  p.add_argument("--json", default="", help="also write the results here")
+  p.add_argument("--json", default="",
+                 help="also write the results here (BENCHMARK.md result shape)")
+  p.add_argument("--convert", nargs=3, metavar=("RAW", "ENV_JSON", "OUT"), default=None,
+                 help="no run: rewrite RAW (a demo output written before --json used "
+                      "the result shape) into the result shape, with the env block of "
+                      "ENV_JSON (a result file of the same run)")
   args = p.parse_args(argv)
+  if args.convert:
+    raw, env_json, dest = args.convert
+    with open(raw) as f:
+      out = json.load(f)
+    with open(env_json) as f:
+      env = json.load(f)["env"]
+    with open(dest, "w") as f:
+      json.dump(app_result(out, env, f"python -m jax_llar.demo (converted from {raw})"),
+                f, indent=1)
+    return 0
   out = run(args)
   if args.json:
+    from jax_llar import bench
     with open(args.json, "w") as f:
-      json.dump(out, f, indent=1)
+      json.dump(app_result(out, bench.environment(),
+                           "python -m jax_llar.demo " + " ".join(argv or sys.argv[1:])),
+                f, indent=1)
   return 0 if out["tokens_agree"] else 1
 
 
