@@ -71,39 +71,45 @@ def run_psum_flag_baselines(args) -> tuple[list[dict], list[dict]]:
   """lax.psum with each of PSUM_FLAGS, each in a child process of this
   module (same sizes, dtypes, chain lengths, calls and seed). Returns the
   rows (impl renamed to lax.psum+<flag>) and one record per failed child."""
-  import glob
   import tempfile
   rows, failures = [], []
   for flag in PSUM_FLAGS:
-    out = tempfile.mkdtemp(prefix="llar_flag_")
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), flag) if f)
-    cmd = [sys.executable, "-m", "jax_llar.bench", "--level", "jax",
-           "--impls", "lax.psum", "--sizes", ",".join(map(str, args.sizes)),
-           "--dtypes", ",".join(args.dtypes), "--k-short", str(args.k_short),
-           "--k-long", str(args.k_long), "--calls", str(args.calls),
-           "--rounds", str(args.rounds), "--world", str(args.world),
-           "--seed", str(args.seed), "--out", out, "--tag=-flag"]
-    try:
-      proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                            timeout=args.flag_timeout)
-      rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-1500:]
-    except subprocess.TimeoutExpired as e:
-      rc, tail = "timeout", str(e)[-500:]
-    files = glob.glob(os.path.join(out, "*.json"))
-    if rc != 0 or not files:
-      failures.append({"flag": flag, "rc": rc, "output_tail": tail})
-      print(f"lax.psum with {flag}: child failed (rc={rc})", flush=True)
-      continue
-    with open(files[0]) as f:
-      child = json.load(f)
-    for r in child["rows"]:
-      r["impl"] = flag_impl(flag)
-      r["xla_flags"] = env["XLA_FLAGS"]
-      rows.append(r)
-      print(f"{r['impl'][:40]:40s} {r['dtype']:8s} {r['bytes_per_rank']:8d} B "
-            f"{r['us_per_call']:8.2f} us/step correct={r['correct']}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="llar_flag_") as out:
+      _run_flag_child(args, flag, out, rows, failures)
   return rows, failures
+
+
+def _run_flag_child(args, flag: str, out: str, rows: list, failures: list) -> None:
+  import glob
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), flag) if f)
+  cmd = [sys.executable, "-m", "jax_llar.bench", "--level", "jax",
+         "--impls", "lax.psum", "--sizes", ",".join(map(str, args.sizes)),
+         "--dtypes", ",".join(args.dtypes), "--k-short", str(args.k_short),
+         "--k-long", str(args.k_long), "--calls", str(args.calls),
+         "--rounds", str(args.rounds), "--world", str(args.world),
+         "--seed", str(args.seed), "--out", out, "--tag=-flag"]
+  try:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                          timeout=args.flag_timeout)
+    rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-1500:]
+  except subprocess.TimeoutExpired as e:
+    rc, tail = "timeout", str(e)[-500:]
+  files = glob.glob(os.path.join(out, "*.json"))
+  if rc != 0 or not files:
+    failures.append({"flag": flag, "rc": rc, "output_tail": tail})
+    print(f"lax.psum with {flag}: child failed (rc={rc})", flush=True)
+    return
+  with open(files[0]) as f:
+    child = json.load(f)
+  for r in child["rows"]:
+    r["impl"] = flag_impl(flag)
+    r["xla_flags"] = env["XLA_FLAGS"]
+    rows.append(r)
+    print(f"{r['impl']} {r['dtype']} {r['bytes_per_rank']} B "
+          f"{r['us_per_call']:8.2f} us/step correct={r['correct']}", flush=True)
+
+
 DTYPES = {"f32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16),
           "f16": np.dtype(np.float16)}
 DTYPES.update({"float32": DTYPES["f32"], "bfloat16": DTYPES["bf16"],
@@ -202,38 +208,6 @@ def device_profile(fn, x, calls: int = 3) -> dict | None:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def call_trace_stats(k: int) -> dict | None:
-  """Per device, from the kernels' own call trace (args.h; no profiler): the
-  median and mean period between the starts of the last `k` calls of the
-  all-reduce (taken when block 0 had sent its lines) and the median time from
-  that send to the end of block 0, in microseconds. None when no
-  communicator has tracing on."""
-  from jax_llar import comm
-  mod = _ext.load()
-  if mod is None:
-    return None
-  out = {}
-  for cs in comm.comm_sets():
-    for group in cs.groups:
-      for dev in group:
-        calls, words = mod.read_call_trace(cs.comm_id, dev)
-        if not words or calls < k:
-          continue
-        slots = mod.TRACE_SLOTS
-        idx = [(e % slots) for e in range(calls - k, calls)]
-        starts = np.array([words[2 * i] for i in idx], dtype=np.float64) / 1e3
-        ends = np.array([words[2 * i + 1] for i in idx], dtype=np.float64) / 1e3
-        periods = np.diff(starts)
-        out[f"cuda:{dev}"] = {
-            "calls": k,
-            "period_us_median": float(np.median(periods)),
-            "period_us_mean": float(np.mean(periods)),
-            "send_to_end_us_median": float(np.median(ends - starts)),
-            "first_start_ns": int(words[2 * idx[0]]),
-        }
-  return out or None
-
-
 def _bracketed_copy_chain(mesh: Mesh, k: int, dtype):
   """psum, then K steps of copy-then-multiply, then psum: the two all-reduces'
   call-trace timestamps bracket a chain of copy custom calls."""
@@ -251,18 +225,28 @@ def _bracketed_copy_chain(mesh: Mesh, k: int, dtype):
 
 
 def call_anatomy(mesh, dtype, nbytes, k_short, k_long, rng, reps: int = 7) -> dict:
-  """Where the wall time of one jitted call goes, from host clocks and the
-  kernels' call trace (%globaltimer, which reads Unix time in ns on these
-  machines, give or take an offset per GPU of up to ~1 ms: compare values
-  between chain lengths, not across GPUs): `pre_us` from the host call to the
-  first all-reduce kernel's send (earliest device), `span_us` from there to
-  the last all-reduce kernel's end (latest device), `post_us` from there until block_until_ready
-  returned, and `skew_us` between the devices' first starts. Medians over
-  `reps` calls, for the all-reduce chain and for a copy chain bracketed by
-  one all-reduce at each end, at both chain lengths. Results are checked
-  against the host simulation."""
+  """Per step of a chain, how much of a jitted call's growth with K is host
+  time before the first all-reduce kernel, device time, and host time after.
+
+  Per GPU and call: `pre` = first all-reduce kernel's send time minus the
+  host's call time, `span` = last all-reduce kernel's end minus that send,
+  `post` = host's return time minus that end; host times from
+  time.time_ns(), device times from the kernels' call trace (%globaltimer).
+  A GPU's timer and the host clock differ by an unknown offset (up to about
+  1 ms here), so only differences between the two chain lengths are
+  reported, per GPU: (median at K_long - median at K_short) / (K_long -
+  K_short), in microseconds per step. Done for the all-reduce chain and for
+  a chain of copy calls bracketed by one all-reduce at each end. Results are
+  checked against the host simulation.
+
+  Raises:
+    RuntimeError: when the all-reduce did not take the fast path at this
+      size, or K_long exceeds the trace's TRACE_SLOTS.
+  """
   from jax_llar import comm
   mod = _ext.load()
+  if k_long > mod.TRACE_SLOTS:
+    raise RuntimeError(f"call anatomy needs K_long <= {mod.TRACE_SLOTS}")
   world = mesh.size
   n = max(1, nbytes // dtype.itemsize)
   inputs = [testing.random_array(rng, (n,), dtype) for _ in range(world)]
@@ -277,9 +261,14 @@ def call_anatomy(mesh, dtype, nbytes, k_short, k_long, rng, reps: int = 7) -> di
   for name, build, traced_calls in (
       ("llar_chain", lambda k: chain("llar.one_shot_ll", mesh, k, dtype), lambda k: k),
       ("bracketed_copy_chain", lambda k: _bracketed_copy_chain(mesh, k, dtype), lambda k: 2)):
+    per_k = {}
     for k in (k_short, k_long):
       fn = build(k)
       got = np.asarray(fn(x)).reshape(world, n)
+      if not any(d.fast and d.bytes_per_rank == n * dtype.itemsize and
+                 d.dtype == str(dtype) for d in jax_llar.dispatch_log()):
+        raise RuntimeError("call anatomy: the all-reduce fell back to lax.psum at "
+                           f"{n * dtype.itemsize} bytes; no call trace to read")
       if name == "llar_chain":
         expect = simulate("llar.one_shot_ll", inputs, k, dtype)
       else:
@@ -290,26 +279,29 @@ def call_anatomy(mesh, dtype, nbytes, k_short, k_long, rng, reps: int = 7) -> di
                 for r, v in enumerate(xs)]
         expect = [testing.rank_order_sum(xs, dtype)] * world
       correct = all(testing.bitwise_equal(got[r], expect[r]) for r in range(world))
-      samples = []
+      samples = {dev: [] for dev in devs}
       for _ in range(reps):
         t0 = time.time_ns()
         fn(x).block_until_ready()
         t1 = time.time_ns()
-        firsts, lasts = [], []
         for dev in devs:
           calls, words = mod.read_call_trace(cs.comm_id, dev)
           m = traced_calls(k)
-          first = (calls - m) % mod.TRACE_SLOTS
-          last = (calls - 1) % mod.TRACE_SLOTS
-          firsts.append(words[2 * first])
-          lasts.append(words[2 * last + 1])
-        samples.append(((min(firsts) - t0) / 1e3, (max(lasts) - min(firsts)) / 1e3,
-                        (t1 - max(lasts)) / 1e3, (max(firsts) - min(firsts)) / 1e3))
-      med = np.median(np.array(samples), axis=0)
-      out[f"{name}_k{k}"] = {"pre_us": float(med[0]), "span_us": float(med[1]),
-                             "post_us": float(med[2]), "skew_us": float(med[3]),
-                             "wall_us": float(med[0] + med[1] + med[2]),
-                             "correct": bool(correct)}
+          first = words[2 * ((calls - m) % mod.TRACE_SLOTS)]
+          last = words[2 * ((calls - 1) % mod.TRACE_SLOTS) + 1]
+          samples[dev].append(((first - t0) / 1e3, (last - first) / 1e3, (t1 - last) / 1e3))
+      per_k[k] = ({dev: np.median(np.array(v), axis=0) for dev, v in samples.items()},
+                  correct)
+    steps = k_long - k_short
+    out[name] = {
+        "correct": bool(per_k[k_short][1] and per_k[k_long][1]),
+        "per_gpu": {
+            f"cuda:{dev}": {
+                key: float((per_k[k_long][0][dev][i] - per_k[k_short][0][dev][i]) / steps)
+                for i, key in enumerate(("pre_us_per_step", "span_us_per_step",
+                                         "post_us_per_step"))}
+            for dev in devs},
+    }
   return out
 
 
@@ -346,13 +338,6 @@ def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng,
       k_long - k_short)
   profile = (device_profile(f_long, x)
              if timeline and impl != "lax.psum" else None)
-  trace = None
-  if timeline and impl.startswith("llar.") and fast:
-    # Only when the call trace was enabled before these chains were compiled
-    # (call_anatomy does; the timed rows use the kernel without it).
-    # One more unprofiled call of the long chain, timed by the kernels.
-    f_long(x).block_until_ready()
-    trace = call_trace_stats(k_long)
   return {
       "impl": impl, "world_size": world, "dtype": str(dtype),
       "bytes_per_rank": n * dtype.itemsize, "us_per_call": slope_all * 1e6,
@@ -366,9 +351,6 @@ def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng,
       "device_period_us": _mean_of(profile, "period_us_median"),
       "device_mean_period_us": _mean_of(profile, "period_us_mean"),
       "device_profile": profile,
-      "call_trace": trace,
-      "trace_period_us": (float(np.mean([v["period_us_mean"] for v in trace.values()]))
-                          if trace else None),
   }
 
 
@@ -452,7 +434,7 @@ def print_table(rows):
   head = f"{'dtype':9s} {'bytes':>8s} " + " ".join(f"{i:>22s}" for i in impls)
   if {"llar.one_shot_ll", "xla.custom_call_copy", "lax.psum"} <= set(impls):
     head += (f" {'llar-copy':>10s} {'psum/llar':>10s} {'dev llar-copy':>14s}"
-             f" {'trace llar-copy':>16s} {'mean llar-copy':>15s}")
+             f" {'mean llar-copy':>15s}")
   print(head)
   for (dt, b), v in sorted(by.items()):
     cells = []
@@ -469,8 +451,6 @@ def print_table(rows):
       line += f" {ll - cp:10.2f} {ps / ll if ll > 0 else float('nan'):10.1f}"
       dl, dc = v["llar.one_shot_ll"].get("device_period_us"), v["xla.custom_call_copy"].get("device_period_us")
       line += f" {dl - dc:14.2f}" if dl and dc else f" {'-':>14s}"
-      tp = v["llar.one_shot_ll"].get("trace_period_us")
-      line += f" {tp - mc_:16.2f}" if (tp and (mc_ := v["xla.custom_call_copy"].get("device_mean_period_us"))) else f" {'-':>16s}"
       ml = v["llar.one_shot_ll"].get("device_mean_period_us")
       mc = v["xla.custom_call_copy"].get("device_mean_period_us")
       line += f" {ml - mc:15.2f}" if ml and mc else f" {'-':>15s}"
@@ -479,9 +459,7 @@ def print_table(rows):
         "did not match the host simulation; '*' = jax_llar fell back to lax.psum, "
         "so no ratio is printed; 'dev llar-copy': difference of the median "
         "per-step device periods read from a profiler trace; 'mean llar-copy': "
-        "the same with mean periods, which include the GPUs' stalls; 'trace "
-        "llar-copy': the llar period from the kernels' own timestamps without a "
-        "profiler, minus the copy's mean profiled period)")
+        "the same with mean periods, which include the GPUs' stalls)")
   if not flags:
     return
   print("lax.psum under XLA flags (us per step; 'best psum/llar' takes the "
@@ -492,7 +470,8 @@ def print_table(rows):
         + f" {'best psum/llar':>15s}")
   for (dt, b), v in sorted(by.items()):
     cells = [f"{v[f]['us_per_call']:8.2f}" if f in v else f"{'-':>8s}" for f in flags]
-    psums = [v[f]["us_per_call"] for f in ["lax.psum"] + flags if f in v]
+    psums = [v[f]["us_per_call"] for f in ["lax.psum"] + flags
+             if f in v and v[f]["correct"]]
     ll = v.get("llar.one_shot_ll")
     ratio = (f"{min(psums) / ll['us_per_call']:15.1f}"
              if psums and ll and ll.get("fast_path") and ll["us_per_call"] > 0
@@ -525,6 +504,9 @@ def run_kernel_level(args) -> dict:
   rng = np.random.default_rng(args.seed)
   rows = []
   impls = [i for i in args.impls.split(",") if i in KERNEL_IMPLS] or list(KERNEL_IMPLS)
+  if "diag.one_shot_ll_traced" in impls:
+    # The trace variant then stores its timestamps, as it would in use.
+    mod.enable_call_trace(cs.comm_id)
   for dt_name in args.dtypes:
     dtype = DTYPES[dt_name]
     for nbytes in args.sizes:
@@ -578,18 +560,24 @@ def run_jax_level(args) -> dict:
                       args.calls, args.rounds, rng,
                       timeline=nbytes <= args.timeline_max_bytes)
         rows.append(row)
+        note = ("  (negative slope: timing noise; use longer chains or more calls)"
+                if row["us_per_call"] < 0 else "")
         print(f"{impl:22s} {dt_name:5s} {row['bytes_per_rank']:8d} B "
               f"{row['us_per_call']:8.2f} us/step [{row['us_round_min']:.2f}, "
               f"{row['us_round_max']:.2f}] correct={row['correct']} "
-              f"fast_path={row['fast_path']}", flush=True)
+              f"fast_path={row['fast_path']}{note}", flush=True)
   anatomy = None  # last: it turns the call trace on for later programs
   if args.anatomy_bytes and _ext.load() is not None and devices[0].platform == "gpu":
     anatomy = call_anatomy(mesh, DTYPES[args.dtypes[0]], args.anatomy_bytes,
                            args.k_short, args.k_long, rng)
     for key, v in anatomy.items():
-      print(f"anatomy {key:30s} pre {v['pre_us']:8.1f} us  span {v['span_us']:8.1f} us  "
-            f"post {v['post_us']:7.1f} us  skew {v['skew_us']:7.1f} us  "
-            f"correct={v['correct']}", flush=True)
+      for dev, g in v["per_gpu"].items():
+        print(f"anatomy {key:22s} {dev}: per step, host before "
+              f"{g['pre_us_per_step']:6.2f} us, device {g['span_us_per_step']:6.2f} us, "
+              f"host after {g['post_us_per_step']:6.2f} us  correct={v['correct']}",
+              flush=True)
+  elif args.anatomy_bytes:
+    print("--anatomy-bytes: skipped (needs the CUDA extension and CUDA GPUs)", flush=True)
   failures = []
   if args.psum_flags:
     flag_rows, failures = run_psum_flag_baselines(args)
@@ -602,6 +590,7 @@ def run_jax_level(args) -> dict:
 
 def main(argv=None):
   p = argparse.ArgumentParser(
+      prog="python -m jax_llar.bench",
       description=__doc__.splitlines()[0] + " Times are microseconds per step "
       "(jax) or per call (kernel). Needs 2+ CUDA GPUs for meaningful numbers; on "
       "CPU the llar rows fall back to lax.psum (marked '*').",

@@ -269,13 +269,16 @@ def app_result(out: dict, env: dict, command: str) -> dict:
   names = {"lax.psum": "lax.psum", "jax_llar.psum": "llar.auto"}
   rows = [{"impl": names[k], "world_size": out["tp"], "dtype": "bfloat16",
            "metric": "itl_us", "value": v["itl_us"], "min": v["itl_us_min"],
-           "max": v["itl_us_max"], "workload": workload}
+           "max": v["itl_us_max"], "workload": workload,
+           # llar.auto lowered to lax.psum wherever the fast path was off.
+           "fast_path": bool(out["fast_path_active"]) if k == "jax_llar.psum" else None}
           for k, v in out["results"].items()]
   return {"env": env, "level": "app", "command": command, "rows": rows, "demo": out}
 
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(
+      prog="python -m jax_llar.demo",
       description=__doc__.splitlines()[0] + " Prints inter-token latency in "
       "microseconds.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--preset", choices=sorted(PRESETS), default=None,

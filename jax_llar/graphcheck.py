@@ -165,15 +165,19 @@ def _pid_names(events) -> dict:
 def trace_stats(events, calls: int) -> dict:
   """Where the time of `calls` profiled executions of one jitted chain goes.
 
-  Device side, per GPU (device timestamps, microseconds): how many of our
-  kernels ran, the median and the mean period between their starts, and the
-  idle time between consecutive kernels on the stream, split into gaps under
-  and over 5 us (a gap over 5 us is the GPU waiting for work: a stall). The
-  mean period includes stalls, the median does not; in a chain coupled by an
-  all-reduce a stall on either GPU delays both.
-  Host side: duration of every cuGraphLaunch, how far apart the two GPUs'
-  graph executions start in each call, and the host events (by name) that
-  took the most time in total.
+  Device side, per GPU (profiler timestamps, microseconds): each GPU's stream
+  is split into exactly `calls` executions at its `calls - 1` longest idle
+  gaps (`executions_found` says when fewer kernels made that impossible).
+  Within an execution: the median and the mean period between the starts of
+  our kernels from the second on; the median duration of the execution's
+  first kernel of ours (in an all-reduce chain the GPU that starts first
+  waits there for the other); and the idle time between consecutive
+  kernels, split into gaps up to 5 us and stalls over 5 us (the GPU waiting
+  for work). The mean period includes
+  stalls, the median does not.
+  Host side: duration of every cuGraphLaunch, how far apart the GPUs'
+  executions start (profiler timestamps share one clock), and the host
+  events (by name) that took the most time in total.
   """
   import statistics
   ours = re.compile(r"OneShotLLKernel|CopyKernel")
@@ -184,42 +188,49 @@ def trace_stats(events, calls: int) -> dict:
     by_pid[e.get("pid")].append(e)
   devices, first_starts = {}, {}
   for pid, evs in by_pid.items():
-    mine = sorted((e for e in evs if ours.search(e.get("name", ""))), key=lambda e: e["ts"])
-    if len(mine) < 4:
+    mine_all = [e for e in evs if ours.search(e.get("name", ""))]
+    if len(mine_all) < 4:
       continue
-    tid = mine[0].get("tid")
+    tid = mine_all[0].get("tid")
     stream = sorted((e for e in evs if e.get("tid") == tid), key=lambda e: e["ts"])
-    starts = [e["ts"] for e in mine]
-    periods = [b - a for a, b in zip(starts, starts[1:])]
-    # Split into executions: a period over 200 us separates two calls.
-    bounds = [0] + [i + 1 for i, p in enumerate(periods) if p > 200] + [len(mine)]
-    per_call = [(mine[a]["ts"], mine[b - 1]["ts"], b - a) for a, b in zip(bounds, bounds[1:])]
-    in_call = [p for p in periods if p <= 200]
-    gaps_small, gaps_large = 0.0, []
-    for a, b in zip(stream, stream[1:]):
-      gap = b["ts"] - (a["ts"] + a["dur"])
-      if gap <= 0 or gap > 200:
+    idle = [(b["ts"] - (a["ts"] + a["dur"]), i + 1)
+            for i, (a, b) in enumerate(zip(stream, stream[1:]))]
+    cuts = sorted(i for _, i in sorted(idle, reverse=True)[:max(0, calls - 1)])
+    bounds = [0] + cuts + [len(stream)]
+    periods, firsts, first_kernel, gaps_small, stalls = [], [], [], 0.0, []
+    for lo, hi in zip(bounds, bounds[1:]):
+      seg = stream[lo:hi]
+      mine = [e for e in seg if ours.search(e.get("name", ""))]
+      if not mine:
         continue
-      if gap > 5:
-        gaps_large.append(gap)
-      else:
-        gaps_small += gap
-    n_steps = max(1, len(in_call))
-    devices[names.get(pid, str(pid))] = {
-        "our_kernels": len(mine), "executions": len(per_call),
-        "kernel_us_median": statistics.median(e["dur"] for e in mine),
-        "period_us_median": statistics.median(in_call) if in_call else None,
-        "period_us_mean": (sum(in_call) / len(in_call)) if in_call else None,
+      firsts.append(mine[0]["ts"])
+      first_kernel.append(mine[0]["dur"])
+      # From the second kernel on: the first one's wait is reported apart.
+      periods += [b["ts"] - a["ts"] for a, b in zip(mine[1:], mine[2:])]
+      for a, b in zip(seg, seg[1:]):
+        gap = b["ts"] - (a["ts"] + a["dur"])
+        if gap > 5:
+          stalls.append(gap)
+        elif gap > 0:
+          gaps_small += gap
+    n_steps = max(1, len(periods))
+    name = names.get(pid, str(pid))
+    devices[name] = {
+        "our_kernels": len(mine_all), "executions_found": len(firsts),
+        "kernel_us_median": statistics.median(e["dur"] for e in mine_all),
+        "first_kernel_us_median": statistics.median(first_kernel) if first_kernel else None,
+        "period_us_median": statistics.median(periods) if periods else None,
+        "period_us_mean": (sum(periods) / len(periods)) if periods else None,
         "gap_us_per_step_small": gaps_small / n_steps,
-        "stalls_over_5us": len(gaps_large),
-        "stall_us_per_step": sum(gaps_large) / n_steps,
-        "stall_us_max": max(gaps_large) if gaps_large else 0.0,
+        "stalls_over_5us": len(stalls),
+        "stall_us_per_step": sum(stalls) / n_steps,
+        "stall_us_max": max(stalls) if stalls else 0.0,
     }
-    first_starts[names.get(pid, str(pid))] = [c[0] for c in per_call]
+    first_starts[name] = firsts
   skews = []
-  if len(first_starts) >= 2:
+  if len(first_starts) >= 2 and all(len(v) == calls for v in first_starts.values()):
     lists = list(first_starts.values())
-    for i in range(min(len(v) for v in lists)):
+    for i in range(calls):
       col = [v[i] for v in lists]
       skews.append(max(col) - min(col))
   launches = [e["dur"] for e in xs if "GraphLaunch" in e.get("name", "")]
@@ -267,6 +278,15 @@ def check(out_dir: str, xla_flags: str = "", impl: str = "llar") -> dict:
   return verdict
 
 
+def _git_commit() -> str | None:
+  try:
+    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.abspath(__file__)),
+                          timeout=10).stdout.strip() or None
+  except (OSError, subprocess.SubprocessError):
+    return None
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(
       description=__doc__.splitlines()[0] + " Needs 2+ CUDA GPUs; exit status 0 "
@@ -285,6 +305,7 @@ def main(argv=None) -> int:
   if args.timeline_copy:
     copy = check(args.out, args.xla_flags, impl="copy")
     verdict["copy_timeline"] = copy.get("trace", {}).get("timeline")
+  verdict["git_commit"] = os.environ.get("LLAR_GIT_COMMIT") or _git_commit()
   print(json.dumps(verdict, indent=1))
   return 0 if verdict["in_command_buffer"] else 1
 

@@ -470,29 +470,42 @@ def test_custom_call_inside_command_buffer(tmp_path):
 
 def test_call_trace_records_every_call(mesh):
   """The kernels' call trace (args.h) holds one send/end pair per call, in
-  order, with positive durations; results stay exact while it is on."""
+  order, with positive durations; results stay exact while it is on; after
+  disable_call_trace the same program records nothing more."""
   from jax_llar import _ext, comm
   mod = _ext.load()
   cs = comm.get_or_create([[d.local_hardware_id for d in mesh.devices.flat]])
   mod.enable_call_trace(cs.comm_id)
-  before = {d: mod.read_call_trace(cs.comm_id, d)[0] for d in cs.groups[0]}
-  rng = np.random.default_rng(7)
-  # A program compiled (and so captured) after the trace was enabled.
-  traced = jax.jit(jax.shard_map(lambda v: jax_llar.psum(v, "x"), mesh=mesh,
-                                 in_specs=P("x"), out_specs=P("x"), check_vma=False))
-  for _ in range(20):
-    inputs = [testing.random_array(rng, (300,), F32) for _ in range(mesh.size)]
-    x = jax.device_put(np.stack(inputs), NamedSharding(mesh, P("x")))
-    out = np.asarray(traced(x))
-    expect = testing.rank_order_sum(inputs, F32)
-    assert all(testing.bitwise_equal(o, expect) for o in out)
+  try:
+    before = {d: mod.read_call_trace(cs.comm_id, d)[0] for d in cs.groups[0]}
+    rng = np.random.default_rng(7)
+    # A program compiled (and so captured) after the trace was enabled.
+    traced = jax.jit(jax.shard_map(lambda v: jax_llar.psum(v, "x"), mesh=mesh,
+                                   in_specs=P("x"), out_specs=P("x"), check_vma=False))
+
+    def run_checked():
+      inputs = [testing.random_array(rng, (300,), F32) for _ in range(mesh.size)]
+      x = jax.device_put(np.stack(inputs), NamedSharding(mesh, P("x")))
+      out = np.asarray(traced(x))
+      expect = testing.rank_order_sum(inputs, F32)
+      assert all(testing.bitwise_equal(o, expect) for o in out)
+
+    for _ in range(20):
+      run_checked()
+    slots = mod.TRACE_SLOTS
+    for d in cs.groups[0]:
+      calls, words = mod.read_call_trace(cs.comm_id, d)
+      assert calls == before[d] + 20
+      idx = [e % slots for e in range(calls - 20, calls)]
+      starts = [words[2 * i] for i in idx]
+      ends = [words[2 * i + 1] for i in idx]
+      assert all(s > 0 for s in starts)
+      assert all(e > s for s, e in zip(starts, ends))
+      assert all(b > a for a, b in zip(ends, starts[1:]))
+  finally:
+    mod.disable_call_trace(cs.comm_id)
+  # Off again: the captured trace variant keeps computing and stores nothing.
+  run_checked()
   for d in cs.groups[0]:
     calls, words = mod.read_call_trace(cs.comm_id, d)
-    assert calls == before[d] + 20
-    slots = mod.TRACE_SLOTS
-    idx = [e % slots for e in range(calls - 20, calls)]
-    starts = [words[2 * i] for i in idx]
-    ends = [words[2 * i + 1] for i in idx]
-    assert all(s > 0 for s in starts)
-    assert all(e > s for s, e in zip(starts, ends))
-    assert all(b > a for a, b in zip(ends, starts[1:]))
+    assert words[2 * ((calls - 1) % slots)] == 0

@@ -78,7 +78,10 @@ NB_MODULE(_llar, m) {
         nb::arg("comm_id"), nb::arg("device"), nb::arg("drop"));
 
   m.def("enable_call_trace", &llar::EnableCallTrace, nb::arg("comm_id"),
-        "Start recording device timestamps of every call (args.h: kTraceSlots).");
+        "Start recording device timestamps of every call (args.h: kTraceSlots); "
+        "a diagnostic: call it while no other thread runs programs.");
+  m.def("disable_call_trace", &llar::DisableCallTrace, nb::arg("comm_id"),
+        "Stop recording device timestamps (the last buffer stays readable).");
   m.def(
       "read_call_trace",
       [](int64_t comm_id, int32_t device) {

@@ -308,7 +308,11 @@ void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop) {
       drop ? 1 : 0, std::memory_order_relaxed);
 }
 
-void EnableCallTrace(int64_t comm_id) {
+namespace {
+
+// Points every device's peer table of `comm_id` at `on ? its trace buffer :
+// nullptr`, with the devices synchronised before and after.
+void SetCallTrace(int64_t comm_id, bool on) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size()) || !g_sets[comm_id]) {
     Fail("jax_llar: no such communicator set");
@@ -316,20 +320,26 @@ void EnableCallTrace(int64_t comm_id) {
   DeviceGuard guard;
   for (const auto& d : g_sets[comm_id]->devices) {
     DeviceContext& c = d->context;
-    if (c.trace.load() != nullptr) continue;
     CheckCuda(cudaSetDevice(c.ordinal), "cudaSetDevice");
     CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    uint64_t* buf = nullptr;
     const size_t bytes = sizeof(uint64_t) * 2 * kTraceSlots;
-    CheckCuda(cudaMalloc(&buf, bytes), "cudaMalloc(trace)");
-    CheckCuda(cudaMemset(buf, 0, bytes), "cudaMemset(trace)");
+    if (on && c.trace_buffer == nullptr) {
+      CheckCuda(cudaMalloc(&c.trace_buffer, bytes), "cudaMalloc(trace)");
+    }
+    if (on) CheckCuda(cudaMemset(c.trace_buffer, 0, bytes), "cudaMemset(trace)");
+    uint64_t* ptr = on ? c.trace_buffer : nullptr;
     CheckCuda(cudaMemcpy(reinterpret_cast<char*>(d->peers) + offsetof(PeerTable, trace),
-                         &buf, sizeof(buf), cudaMemcpyHostToDevice),
+                         &ptr, sizeof(ptr), cudaMemcpyHostToDevice),
               "cudaMemcpy(trace pointer)");
     CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    c.trace.store(buf);
+    c.trace.store(ptr);
   }
 }
+
+}  // namespace
+
+void EnableCallTrace(int64_t comm_id) { SetCallTrace(comm_id, true); }
+void DisableCallTrace(int64_t comm_id) { SetCallTrace(comm_id, false); }
 
 std::pair<uint64_t, std::vector<uint64_t>> ReadCallTrace(int64_t comm_id,
                                                          int32_t ordinal) {
@@ -342,7 +352,7 @@ std::pair<uint64_t, std::vector<uint64_t>> ReadCallTrace(int64_t comm_id,
   CheckCuda(cudaMemcpy(&epoch, c->base.epochs, sizeof(epoch), cudaMemcpyDeviceToHost),
             "cudaMemcpy(epoch)");
   std::vector<uint64_t> words;
-  if (uint64_t* buf = c->trace.load(); buf != nullptr) {
+  if (uint64_t* buf = c->trace_buffer; buf != nullptr) {
     words.resize(2 * kTraceSlots);
     CheckCuda(cudaMemcpy(words.data(), buf, sizeof(uint64_t) * words.size(),
                          cudaMemcpyDeviceToHost),

@@ -28,7 +28,8 @@ struct DeviceContext {
   int32_t rank = -1;
   int32_t world = 0;
   AllReduceArgs base{};          // epochs, peer table, rank, world
-  std::atomic<uint64_t*> trace{nullptr};  // device call-trace buffer, once enabled
+  std::atomic<uint64_t*> trace{nullptr};  // call-trace buffer while tracing is on
+  uint64_t* trace_buffer = nullptr;       // allocated at the first EnableCallTrace
   std::atomic<int32_t> drop_peer_writes{0};  // test hook (F13): 1 = PeerWrites::kDrop
 };
 
@@ -71,12 +72,17 @@ std::vector<ErrorReport> ErrorReports();
 void SetEpochForTesting(int64_t comm_id, uint64_t epoch);
 void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop);
 
-// Call trace (args.h): EnableCallTrace synchronises the set's devices and
-// gives each a trace buffer; calls recorded (captured) after it launch the
-// trace variant of the kernel, calls recorded before keep the plain one; ReadCallTrace returns block 0's epoch (the number
+// Call trace (args.h), a diagnostic: call these while no other thread runs
+// programs on the set's devices. EnableCallTrace synchronises the devices
+// and points each device's table at a zeroed trace buffer; calls captured
+// into a CUDA graph after it launch the trace variant of the kernel (calls
+// captured before keep the plain one; uncaptured calls pick the variant at
+// each launch). DisableCallTrace points the tables back at nothing (trace
+// variants already captured then store nothing); ReadCallTrace returns block 0's epoch (the number
 // of calls so far) and the 2 * kTraceSlots words of one device's buffer
 // (empty when tracing is off).
 void EnableCallTrace(int64_t comm_id);
+void DisableCallTrace(int64_t comm_id);
 std::pair<uint64_t, std::vector<uint64_t>> ReadCallTrace(int64_t comm_id, int32_t ordinal);
 
 int NcclRuntimeVersion();

@@ -70,9 +70,11 @@ struct ErrorRecord {
   uint64_t waited_ns;      // time spent waiting when it gave up
 };
 
-// What a kernel needs of its communicator beyond its parameters: written once
-// by the host into device memory when the communicator is created, read-only
-// afterwards (the kernel reads it through the read-only cache).
+// What a kernel needs of its communicator beyond its parameters, in device
+// memory. The host writes it when the communicator is created and rewrites
+// only `trace` (EnableCallTrace / DisableCallTrace, with the devices
+// synchronised), never while a kernel runs, so kernels read it through the
+// read-only cache.
 struct PeerTable {
   char* scratch[kMaxRanks];        // every rank's scratch, as mapped on this device
   ErrorRecord* error;              // host-mapped, device-visible

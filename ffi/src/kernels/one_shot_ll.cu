@@ -23,7 +23,7 @@ namespace llar {
 namespace {
 
 // Rank r's scratch address as mapped on this device, through the read-only
-// cache (the table is written once, before the first launch).
+// cache (the host writes the table only between launches).
 __device__ __forceinline__ char* ScratchOf(const PeerTable* pt, int r) {
   return reinterpret_cast<char*>(
       __ldg(reinterpret_cast<const unsigned long long*>(pt->scratch + r)));
@@ -41,7 +41,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   const bool active = t < static_cast<int>(a.lines_per_block) && line < a.lines;
 
   // Independent loads first: the epoch, this thread's payload and the scratch
-  // addresses (the PeerTable never changes, so the read-only path is safe).
+  // addresses (the PeerTable does not change while a kernel runs, so the
+  // read-only path is safe).
   const int rank = a.rank, world = a.world;
   const uint64_t epoch = LoadEpoch(a.epochs + block);
   char* const own = ScratchOf(a.peers, rank);
