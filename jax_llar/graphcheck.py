@@ -165,9 +165,11 @@ def _pid_names(events) -> dict:
 def trace_stats(events, calls: int) -> dict:
   """Where the time of `calls` profiled executions of one jitted chain goes.
 
-  Device side, per GPU (profiler timestamps, microseconds): each GPU's stream
-  is split into exactly `calls` executions at its `calls - 1` longest idle
-  gaps (`executions_found` says when fewer kernels made that impossible).
+  Device side, per GPU (profiler timestamps, microseconds): our kernels are
+  split into exactly `calls` executions at the `calls - 1` longest pauses
+  between one of them ending and the next starting (`executions_found` says
+  when there were too few kernels); an execution runs from its first kernel
+  of ours to its last.
   Within an execution: the median and the mean period between the starts of
   our kernels from the second on; the median duration of the execution's
   first kernel of ours (in an all-reduce chain the GPU that starts first
@@ -193,16 +195,20 @@ def trace_stats(events, calls: int) -> dict:
       continue
     tid = mine_all[0].get("tid")
     stream = sorted((e for e in evs if e.get("tid") == tid), key=lambda e: e["ts"])
-    idle = [(b["ts"] - (a["ts"] + a["dur"]), i + 1)
-            for i, (a, b) in enumerate(zip(stream, stream[1:]))]
-    cuts = sorted(i for _, i in sorted(idle, reverse=True)[:max(0, calls - 1)])
-    bounds = [0] + cuts + [len(stream)]
+    mine_all = sorted(mine_all, key=lambda e: e["ts"])
+    # Executions: cut between consecutive kernels of ours at the calls - 1
+    # longest pauses (end of one to start of the next).
+    pauses = [(b["ts"] - (a["ts"] + a["dur"]), i + 1)
+              for i, (a, b) in enumerate(zip(mine_all, mine_all[1:]))]
+    cuts = sorted(i for _, i in sorted(pauses, reverse=True)[:max(0, calls - 1)])
+    bounds = [0] + cuts + [len(mine_all)]
     periods, firsts, first_kernel, gaps_small, stalls = [], [], [], 0.0, []
     for lo, hi in zip(bounds, bounds[1:]):
-      seg = stream[lo:hi]
-      mine = [e for e in seg if ours.search(e.get("name", ""))]
+      mine = mine_all[lo:hi]
       if not mine:
         continue
+      t_lo, t_hi = mine[0]["ts"], mine[-1]["ts"]
+      seg = [e for e in stream if t_lo <= e["ts"] <= t_hi]
       firsts.append(mine[0]["ts"])
       first_kernel.append(mine[0]["dur"])
       # From the second kernel on: the first one's wait is reported apart.

@@ -82,3 +82,14 @@ def test_no_kernels_gives_no_devices():
   s = graphcheck.trace_stats([{"ph": "X", "pid": 1, "tid": 1, "ts": 0.0, "dur": 1.0,
                                "name": "other"}], calls=1)
   assert s["devices"] == {} and s["start_skew_us"] == []
+
+
+def test_other_events_before_the_first_call_do_not_move_the_split():
+  # A copy on the same stream long before the profiled calls (seen in real traces).
+  early = [{"ph": "X", "pid": 1, "tid": 7, "ts": -9000.0, "dur": 3.0, "name": "MemcpyHtoD"}]
+  evs = early + _device(1, 0.0, 10, 2.0) + _device(1, 3000.0, 10, 2.0)
+  s = graphcheck.trace_stats(_meta() + evs, calls=2)
+  g = s["devices"]["/device:GPU:0"]
+  assert g["executions_found"] == 2
+  assert g["stalls_over_5us"] == 0
+  assert g["period_us_mean"] == pytest.approx(2.0)
