@@ -607,7 +607,7 @@ def main(argv=None):
   p.add_argument("--impls", default="",
                  help=f"comma separated; jax level: {','.join(IMPLS)} (and the "
                       "diagnostic diag.custom_call_copy_wide); kernel level: "
-                      f"{','.join(KERNEL_IMPLS)} (default: all)")
+                      f"{','.join(KERNEL_IMPLS)} (empty: all)")
   p.add_argument("--k-short", type=int, default=32, help="short chain length (jax level)")
   p.add_argument("--k-long", type=int, default=512, help="long chain length (jax level)")
   p.add_argument("--calls", type=int, default=40, help="timed calls per chain length")

@@ -282,7 +282,7 @@ def main(argv=None) -> int:
       description=__doc__.splitlines()[0] + " Prints inter-token latency in "
       "microseconds.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   p.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                 help="model widths (default: llama3-8b-4l on GPU, small on CPU)")
+                 help="model widths (none given: llama3-8b-4l on GPU, small on CPU)")
   p.add_argument("--tokens", type=int, default=64, help="tokens decoded per run")
   p.add_argument("--batch", type=int, default=1, help="sequences decoded together")
   p.add_argument("--repeats", type=int, default=5, help="timed runs (after one compile run)")
