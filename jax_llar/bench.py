@@ -50,7 +50,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_llar
-from jax_llar import _copy, _ext, testing
+from jax_llar import _copy, _ext, graphcheck, testing
 
 IMPLS = ("lax.psum", "xla.custom_call_copy", "llar.one_shot_ll")
 # XLA flags that MEASURED.md tried on lax.psum; each is a baseline of its own.
@@ -190,7 +190,6 @@ def device_profile(fn, x, calls: int = 3) -> dict | None:
   import gzip
   import shutil
   import tempfile
-  from jax_llar import graphcheck
   d = tempfile.mkdtemp(prefix="llar_tl_")
   try:
     with jax.profiler.trace(d, create_perfetto_trace=True):
@@ -256,7 +255,6 @@ def call_anatomy(mesh, dtype, nbytes, k_short, k_long, rng, reps: int = 7) -> di
   # kernel (the rows timed before keep the plain one).
   mod.enable_call_trace(cs.comm_id)
   devs = list(cs.groups[0])
-  f = factors(world, dtype)
   out = {}
   for name, build, traced_calls in (
       ("llar_chain", lambda k: chain("llar.one_shot_ll", mesh, k, dtype), lambda k: k),
@@ -271,12 +269,9 @@ def call_anatomy(mesh, dtype, nbytes, k_short, k_long, rng, reps: int = 7) -> di
                            f"{n * dtype.itemsize} bytes; no call trace to read")
       if name == "llar_chain":
         expect = simulate("llar.one_shot_ll", inputs, k, dtype)
-      else:
-        s = testing.rank_order_sum(inputs, dtype)
-        xs = [s] * world
-        for _ in range(k):
-          xs = [testing.round_from_f64(v.astype(np.float64) * np.float64(f[r]), dtype)
-                for r, v in enumerate(xs)]
+      else:  # psum, then the copy chain's K steps, then psum
+        xs = simulate("xla.custom_call_copy",
+                      [testing.rank_order_sum(inputs, dtype)] * world, k, dtype)
         expect = [testing.rank_order_sum(xs, dtype)] * world
       correct = all(testing.bitwise_equal(got[r], expect[r]) for r in range(world))
       samples = {dev: [] for dev in devs}
@@ -362,7 +357,7 @@ def environment() -> dict:
       "devices": [d.device_kind for d in jax.devices()],
       "device_count": jax.device_count(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
-      "git_commit": os.environ.get("LLAR_GIT_COMMIT") or _git_commit(),
+      "git_commit": os.environ.get("LLAR_GIT_COMMIT") or graphcheck.git_commit(),
   }
   try:
     import jaxlib
@@ -385,15 +380,6 @@ def environment() -> dict:
   env["nccl_compiled"] = st["nccl_compiled"]
   env["nccl_library"] = st["nccl_library"]
   return env
-
-
-def _git_commit() -> str | None:
-  try:
-    r = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                       cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10)
-    return r.stdout.strip() or None
-  except (OSError, subprocess.SubprocessError):
-    return None
 
 
 def machine_name() -> str:

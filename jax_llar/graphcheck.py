@@ -284,7 +284,8 @@ def check(out_dir: str, xla_flags: str = "", impl: str = "llar") -> dict:
   return verdict
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
+  """The checkout's HEAD commit (for result files), or None outside git."""
   try:
     return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                           cwd=os.path.dirname(os.path.abspath(__file__)),
@@ -311,7 +312,7 @@ def main(argv=None) -> int:
   if args.timeline_copy:
     copy = check(args.out, args.xla_flags, impl="copy")
     verdict["copy_timeline"] = copy.get("trace", {}).get("timeline")
-  verdict["git_commit"] = os.environ.get("LLAR_GIT_COMMIT") or _git_commit()
+  verdict["git_commit"] = os.environ.get("LLAR_GIT_COMMIT") or git_commit()
   print(json.dumps(verdict, indent=1))
   return 0 if verdict["in_command_buffer"] else 1
 

@@ -7,11 +7,10 @@
 //                synchronisation, no lock (the lookup is one atomic load).
 //   There is deliberately no initialize stage: XLA 0.11 runs a custom call's
 //   initialize stage on every execution of the program, building a call frame
-//   for each call site, also when the call sits in a command buffer. In a
-//   chain of 512 all-reduces that cost 1.24 us of host time per call before
-//   the CUDA graph could start, against 0.69 us for the execute-only copy
-//   (benchmarks/results/h200x2-20261130-anatomy.json); the check it made is
-//   the execute handler's first step anyway.
+//   for each call site, also when the call sits in a command buffer. With it,
+//   a jitted chain of all-reduces cost 2.06-2.82 us per step over the copy
+//   call; without it, with the same kernel, 1.09-1.73 us (benchmarks/NOTES.md,
+//   entries 6-7). The check it made is the execute handler's first step.
 //   The execute handler carries kCmdBufferCompatible, so XLA captures it into
 //   its CUDA graph; everything that changes per call (epochs) lives in device
 //   memory and is advanced by the kernel.
