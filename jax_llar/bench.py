@@ -471,8 +471,21 @@ KERNEL_IMPLS = {"llar.one_shot_ll": "one_shot_ll", "kernel.copy": "copy",
                 # store looped back into the rank's own scratch (no network);
                 # each rank's output is its input summed world-size times.
                 "diag.one_shot_ll_loopback": "one_shot_ll_loopback",
+                # Diagnostic: the loopback kernel that also sends every line to
+                # each peer's diagnostic area (never read): what outstanding
+                # remote stores cost a kernel that does not wait for a peer.
+                "diag.one_shot_ll_send_loopback": "one_shot_ll_send_loopback",
                 # Diagnostic: the call-trace variant of one_shot_ll.
-                "diag.one_shot_ll_traced": "one_shot_ll_traced"}
+                "diag.one_shot_ll_traced": "one_shot_ll_traced",
+                # The run-time world-size variant (used for world sizes other
+                # than 2, 4, 8), measured and checked on this machine.
+                "diag.one_shot_ll_generic": "one_shot_ll_generic",
+                # The grid rule with 64 or 128 lines per block instead of 256.
+                "diag.one_shot_ll_b64": "one_shot_ll_b64",
+                "diag.one_shot_ll_b128": "one_shot_ll_b128"}
+# Kernel-level rows whose outputs are each rank's own input summed world-size
+# times (no data crosses between ranks).
+_LOOPBACK_IMPLS = ("diag.one_shot_ll_loopback", "diag.one_shot_ll_send_loopback")
 _DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(ml_dtypes.bfloat16): 1,
                 np.dtype(np.float16): 2}
 
@@ -509,11 +522,11 @@ def run_kernel_level(args) -> dict:
         outs = [np.frombuffer(o, dtype) for o in outs]
         if impl == "kernel.copy":
           correct = all(testing.bitwise_equal(o, x) for o, x in zip(outs, inputs))
-        elif impl == "diag.one_shot_ll_loopback":
+        elif impl in _LOOPBACK_IMPLS:
           correct = all(testing.bitwise_equal(
               o, testing.rank_order_sum([x] * len(devices), dtype))
               for o, x in zip(outs, inputs))
-        elif impl in ("llar.one_shot_ll", "diag.one_shot_ll_traced") or len(devices) == 2:
+        elif impl != "nccl.allreduce" or len(devices) == 2:
           correct = all(testing.bitwise_equal(o, expect) for o in outs)
         else:  # NCCL's ring order is not rank order beyond two ranks
           correct = all(np.allclose(o.astype(np.float64), expect.astype(np.float64),
@@ -525,7 +538,7 @@ def run_kernel_level(args) -> dict:
                "us_max": max(per_rep), "iters": iters, "reps": args.rounds,
                "correct": bool(correct)}
         rows.append(row)
-        print(f"{impl:18s} {dt_name:5s} {row['bytes_per_rank']:9d} B "
+        print(f"{impl:30s} {dt_name:5s} {row['bytes_per_rank']:9d} B "
               f"{row['us_per_call']:8.2f} us/call [min {row['us_min']:.2f}] "
               f"correct={row['correct']}", flush=True)
   return {"env": environment(), "level": "kernel", "rows": rows}

@@ -509,3 +509,27 @@ def test_call_trace_records_every_call(mesh):
   for d in cs.groups[0]:
     calls, words = mod.read_call_trace(cs.comm_id, d)
     assert words[2 * ((calls - 1) % slots)] == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_kernel_variants_on_random_data(dtype):
+  """The run-time world-size kernel (used for groups of other than 2, 4 or 8
+  ranks), the other grid rules and the send-and-loopback diagnostic, run
+  through the kernel bench on this machine: bitwise against the reference."""
+  from jax_llar import _ext, comm
+  mod = _ext.load()
+  devices = jax.devices()
+  cs = comm.get_or_create([[d.local_hardware_id for d in devices]])
+  code = {F32: 0, BF16: 1, F16: 2}[dtype]
+  rng = np.random.default_rng(7)
+  for n in (1, 3, 255, 1025, 4096 // dtype.itemsize + 1, 32768 + 3):
+    inputs = [testing.random_array(rng, (n,), dtype) for _ in devices]
+    expect = testing.rank_order_sum(inputs, dtype)
+    for impl in ("one_shot_ll", "one_shot_ll_generic", "one_shot_ll_b64",
+                 "one_shot_ll_generic_b128", "one_shot_ll_send_loopback"):
+      _, outs = mod.kernel_bench(cs.comm_id, impl, code, [x.tobytes() for x in inputs], 50, 1)
+      for r, o in enumerate(outs):
+        o = np.frombuffer(o, dtype)
+        want = (testing.rank_order_sum([inputs[r]] * len(devices), dtype)
+                if impl.endswith("loopback") else expect)
+        assert testing.bitwise_equal(o, want), f"{impl}, n={n}, rank {r}"

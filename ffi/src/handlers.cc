@@ -83,8 +83,9 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
   if (ctx->drop_peer_writes.load(std::memory_order_relaxed) != 0) {
     a.peer_writes = PeerWrites::kDrop;
   }
-  const cudaError_t e = LaunchOneShotLL(
-      a, dtype, stream, ctx->trace.load(std::memory_order_relaxed) != nullptr);
+  OneShotOptions options;
+  options.trace = ctx->trace.load(std::memory_order_relaxed) != nullptr;
+  const cudaError_t e = LaunchOneShotLL(a, dtype, stream, options);
   if (e != cudaSuccess) {
     return ffi::Error::Internal(std::string("jax_llar: kernel launch failed: ") +
                                 cudaGetErrorString(e));

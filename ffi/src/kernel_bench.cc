@@ -50,8 +50,34 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
   if (impl.rfind("one_shot_ll", 0) == 0 && bytes > kOneShotMaxBytes) {
     throw std::runtime_error("jax_llar kernel bench: larger than the one-shot limit");
   }
-  if (impl != "one_shot_ll" && impl != "one_shot_ll_loopback" &&
-      impl != "one_shot_ll_traced" && impl != "copy" && impl != "nccl") {
+  // one_shot_ll[_loopback|_send_loopback|_traced|_generic][_b<lines per block>]
+  OneShotOptions options;
+  PeerWrites writes = PeerWrites::kSend;
+  if (impl.rfind("one_shot_ll", 0) == 0) {
+    std::string rest = impl.substr(std::string("one_shot_ll").size());
+    const size_t b = rest.rfind("_b");
+    if (b != std::string::npos) {
+      const std::string digits = rest.substr(b + 2);
+      if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
+          digits.size() > 3 || std::stoul(digits) == 0 ||
+          std::stoul(digits) > kLinesPerBlock) {
+        throw std::runtime_error("jax_llar kernel bench: bad lines per block in " + impl);
+      }
+      options.block_lines = static_cast<uint32_t>(std::stoul(digits));
+      rest = rest.substr(0, b);
+    }
+    if (rest == "_loopback") {
+      writes = PeerWrites::kLoopback;
+    } else if (rest == "_send_loopback") {
+      writes = PeerWrites::kSendLoopback;
+    } else if (rest == "_traced") {
+      options.trace = true;
+    } else if (rest == "_generic") {
+      options.generic = true;
+    } else if (!rest.empty()) {
+      throw std::runtime_error("jax_llar kernel bench: unknown impl " + impl);
+    }
+  } else if (impl != "copy" && impl != "nccl") {
     throw std::runtime_error("jax_llar kernel bench: unknown impl " + impl);
   }
   int prev = 0;
@@ -106,11 +132,11 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
         // Loopback: the same kernel with every peer store sent to this rank's
         // own scratch; what it costs over the copy kernel is the kernel's own
         // work, and one_shot_ll minus loopback is what the network adds.
-        a.peer_writes = impl == "one_shot_ll_loopback" ? PeerWrites::kLoopback
-                                                       : PeerWrites::kSend;
+        // Send-and-loopback: loopback plus the remote stores (never read).
         // Traced: the call-trace variant (its trace pointer may be null).
-        CheckCuda(LaunchOneShotLL(a, dtype, ranks[r].stream, impl == "one_shot_ll_traced"),
-                  "one-shot launch");
+        // Generic: the run-time world-size variant.
+        a.peer_writes = writes;
+        CheckCuda(LaunchOneShotLL(a, dtype, ranks[r].stream, options), "one-shot launch");
       }
     }
   }

@@ -33,22 +33,43 @@ inline constexpr int kMaxThreads = 512;        // one line per thread
 inline constexpr std::size_t kOneShotMaxBytes =
     std::size_t(kMaxBlocks) * kLinesPerBlock * kPayloadBytesPerLine;
 
-// Bytes of symmetric scratch per rank for a group of `world` ranks: two halves
-// (epoch parity) x blocks x source ranks x lines x 16 B.
-constexpr std::size_t ScratchBytes(int world) {
+// Bytes of the protocol's symmetric scratch per rank for a group of `world`
+// ranks: two halves (epoch parity) x blocks x source ranks x lines x 16 B.
+constexpr std::size_t ProtocolScratchBytes(int world) {
   return std::size_t(2) * kMaxBlocks * std::size_t(world) * kLinesPerBlock *
          kLineBytes;
 }
 
+// A diagnostic area follows the protocol scratch: the kernel bench's
+// send-and-loopback variant (PeerWrites::kSendLoopback) stores its remote lines
+// there, where no kernel ever reads, so that it loads the network exactly as
+// the all-reduce does without touching any slot the protocol polls.
+inline constexpr std::size_t kDiagBytes =
+    std::size_t(kMaxBlocks) * kLinesPerBlock * kLineBytes;
+
+// Bytes of symmetric scratch allocated per rank: protocol scratch + diagnostic area.
+constexpr std::size_t ScratchBytes(int world) {
+  return ProtocolScratchBytes(world) + kDiagBytes;
+}
+
 // Byte offset of line `line` of block `block`, sent by rank `src`, in half
-// `half` of a rank's scratch.
+// `half` of a rank's scratch. Computed in 32 bits (the largest offset,
+// ProtocolScratchBytes(kMaxRanks), is 16 MiB): fewer instructions before the
+// first store than 64-bit arithmetic.
 LLAR_HOST_DEVICE constexpr std::size_t ScratchOffset(int half, int block,
                                                         int world, int src,
                                                         int line) {
-  return ((((std::size_t(half) * kMaxBlocks + block) * world + src) *
-           kLinesPerBlock) +
-          line) *
-         kLineBytes;
+  return std::size_t(
+      (((uint32_t(half) * kMaxBlocks + uint32_t(block)) * uint32_t(world) +
+        uint32_t(src)) * kLinesPerBlock + uint32_t(line)) * kLineBytes);
+}
+static_assert(ProtocolScratchBytes(kMaxRanks) <= (std::size_t(1) << 31),
+              "ScratchOffset's 32-bit arithmetic");
+
+// Byte offset of line `line` of block `block` in a rank's diagnostic area.
+LLAR_HOST_DEVICE constexpr std::size_t DiagOffset(int world, int block, int line) {
+  return ProtocolScratchBytes(world) +
+         (std::size_t(block) * kLinesPerBlock + std::size_t(line)) * kLineBytes;
 }
 
 enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
@@ -89,12 +110,16 @@ struct PeerTable {
 // of the last calls without a profiler.
 inline constexpr int kTraceSlots = 4096;
 
-// What the kernel does with its lines (kSend is the all-reduce).
+// What the kernel does with its lines (kSend is the all-reduce). The host
+// picks the kernel variant from this field; the kernel itself never reads it.
 enum class PeerWrites : int32_t {
-  kSend = 0,      // store into every peer's scratch
-  kDrop = 1,      // test hook (F13): never store to peers
-  kLoopback = 2,  // diagnostic (kernel bench): store into this rank's own
-                  // scratch, in every peer's slot: the kernel without the network
+  kSend = 0,          // store into every peer's scratch
+  kDrop = 1,          // test hook (F13): never store to peers
+  kLoopback = 2,      // diagnostic (kernel bench): store into this rank's own
+                      // scratch, in every peer's slot: the kernel without the network
+  kSendLoopback = 3,  // diagnostic (kernel bench): kLoopback, plus the same
+                      // stores into every peer's diagnostic area (never read):
+                      // what outstanding remote stores cost without waiting on a peer
 };
 
 // Kernel parameters, passed by value (48 bytes). What the first instructions
@@ -109,11 +134,13 @@ struct AllReduceArgs {
   uint64_t* epochs;                // kMaxBlocks per-block epoch counters (device memory)
   const PeerTable* peers;          // device memory
   uint32_t n_bytes;                // payload bytes per rank (<= kOneShotMaxBytes)
-  uint32_t lines;                  // ceil(n_bytes / 8)
-  uint16_t lines_per_block;        // <= kLinesPerBlock
+  uint32_t vector_lines;           // lines moved with one 8-byte access: n_bytes / 8
+                                   // when in and out are 8-byte aligned, else 0
+                                   // (the launcher fills it in)
+  uint16_t lines_per_block;        // <= kLinesPerBlock (the launcher fills it in)
   uint8_t rank;
   uint8_t world;
-  PeerWrites peer_writes;
+  PeerWrites peer_writes;          // selects the kernel variant (host only)
 };
 static_assert(sizeof(AllReduceArgs) == 48, "kernel parameter block grew");
 

@@ -49,7 +49,9 @@ struct WaitSite {
 // host memory so the PCIe writes have landed, and publishes (claim -> 2).
 // Every other timed-out thread waits for the publication (bounded) before it
 // traps: a trap ends the whole grid, and an early one would lose the report.
-__device__ __forceinline__ void ReportTimeoutAndTrap(const PeerTable* pt,
+// Out of line: it never runs on the fast path, and inlined it would put its
+// code between the kernel's hot instructions.
+inline __device__ __noinline__ void ReportTimeoutAndTrap(const PeerTable* pt,
                                                      WaitSite site,
                                                      uint32_t expected,
                                                      uint32_t seen0, uint32_t seen1,

@@ -13,16 +13,26 @@
 namespace llar {
 
 // Grid of the one-shot LL kernel for `lines` LL lines (host and tests use the
-// same rule): up to 256 lines per block until 64 blocks, then up to 512.
+// same rule): up to `block_lines` lines per block (default kOneShotBlockLines)
+// until 64 blocks, then up to 512.
+inline constexpr uint32_t kOneShotBlockLines = 256;
 struct OneShotGrid {
   uint32_t blocks, lines_per_block, threads;
 };
-OneShotGrid OneShotGridFor(uint32_t lines);
+OneShotGrid OneShotGridFor(uint32_t lines, uint32_t block_lines = 0);
 
-// one_shot_ll.cu: a.lines, a.lines_per_block are filled in by the launcher.
-// trace = true launches the call-trace variant (args.h).
+// How to launch: the production call uses the defaults.
+struct OneShotOptions {
+  bool trace = false;        // the call-trace variant (args.h)
+  bool generic = false;      // the run-time world-size variant even for 2, 4, 8 ranks
+                             // (kernel bench: measures and checks it on this machine)
+  uint32_t block_lines = 0;  // grid rule's lines per block (0: kOneShotBlockLines)
+};
+
+// one_shot_ll.cu: a.vector_lines and a.lines_per_block are filled in by the
+// launcher; a.peer_writes picks the variant (args.h).
 cudaError_t LaunchOneShotLL(AllReduceArgs a, DType dtype, cudaStream_t stream,
-                            bool trace = false);
+                            const OneShotOptions& options = {});
 
 // copy.cu: the trivial custom call that measures XLA's own cost per step.
 cudaError_t LaunchCopy(const void* in, void* out, uint64_t n_bytes,

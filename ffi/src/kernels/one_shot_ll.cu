@@ -7,7 +7,20 @@
 // (epoch.cuh), and every wait is bounded (wait.cuh).
 //
 // Work split: thread t of block b owns line b * lines_per_block + t. One line
-// is 8 payload bytes; a 4 KiB tensor is 512 lines, two blocks of 256 threads.
+// is 8 payload bytes; a 4 KiB tensor is 512 lines (grid rule: OneShotGridFor).
+//
+// Variants (template parameters), chosen by the host at launch:
+//   kWorld   2, 4 or 8: world size known at compile time (loops unrolled,
+//            peer addresses loaded with the first loads, float accumulation
+//            for 2 ranks, see reduce.cuh); 0: any world size, read at run time.
+//   kWrites  PeerWrites (args.h): kSend is the all-reduce; kDrop is a test
+//            hook; kLoopback and kSendLoopback are kernel-bench diagnostics.
+//   kTrace   the call-trace variant (args.h), launched only for communicators
+//            whose trace was enabled before the call was recorded; the
+//            production variant has no trace code at all (with it, each call
+//            cost 0.15-0.2 us more, benchmarks/NOTES.md).
+// Everything off the fast path (byte-wise tail lines, the timeout report, the
+// epoch re-zeroing) is out of line, so the hot instructions stay together.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -29,23 +42,44 @@ __device__ __forceinline__ char* ScratchOf(const PeerTable* pt, int r) {
       __ldg(reinterpret_cast<const unsigned long long*>(pt->scratch + r)));
 }
 
-// kTrace: the call-trace variant (args.h), launched only for communicators
-// whose trace was enabled before the call was recorded; the production
-// variant has no trace code at all.
-template <typename T, bool kTrace>
+// The k-th rank after `rank` (k in [1, world)): ranks spread their first
+// stores over different peers.
+__device__ __forceinline__ int PeerAt(int rank, int k, int world) {
+  const int p = rank + k;
+  return p >= world ? p - world : p;
+}
+
+// Clears the half of this block's region that the call just consumed, all
+// source ranks (epoch.cuh, re-zeroing). Runs twice every 2^30 calls.
+__device__ __noinline__ void RezeroHalf(char* own, int half, int block, int world) {
+  char* const base = own + ScratchOffset(half, block, world, 0, 0);
+  for (int i = threadIdx.x; i < world * kLinesPerBlock; i += blockDim.x) {
+    ClearLine(base + size_t(i) * kLineBytes);
+  }
+}
+
+template <typename T, int kWorld, PeerWrites kWrites, bool kTrace>
 __global__ void __launch_bounds__(kMaxThreads)
     OneShotLLKernel(const AllReduceArgs a) {
+  constexpr bool kStatic = kWorld > 0;
+  constexpr bool kToPeers =
+      kWrites == PeerWrites::kSend || kWrites == PeerWrites::kSendLoopback;
+  constexpr int kUnroll = kStatic ? kWorld : 1;
+  const int world = kStatic ? kWorld : a.world;
+  const int rank = a.rank;
   const int block = blockIdx.x;
   const int t = threadIdx.x;
-  const uint32_t line = block * a.lines_per_block + t;
-  const bool active = t < static_cast<int>(a.lines_per_block) && line < a.lines;
 
-  // Independent loads first: the epoch, this thread's payload and the scratch
-  // addresses (the PeerTable does not change while a kernel runs, so the
-  // read-only path is safe).
-  const int rank = a.rank, world = a.world;
+  // Independent loads first, back to back: the epoch, the scratch addresses
+  // (the PeerTable does not change while a kernel runs, so the read-only path
+  // is safe) and this thread's payload.
   const uint64_t epoch = LoadEpoch(a.epochs + block);
   char* const own = ScratchOf(a.peers, rank);
+  char* to[kStatic ? kWorld - 1 : 1];
+  if constexpr (kStatic && kToPeers) {
+#pragma unroll
+    for (int k = 1; k < kWorld; ++k) to[k - 1] = ScratchOf(a.peers, PeerAt(rank, k, kWorld));
+  }
   // Call trace: one thread loads the pointer with the other loads and reads
   // the clock once its lines are sent.
   uint64_t* trace = nullptr;
@@ -54,34 +88,36 @@ __global__ void __launch_bounds__(kMaxThreads)
     trace = reinterpret_cast<uint64_t*>(
         __ldg(reinterpret_cast<const unsigned long long*>(&a.peers->trace)));
   }
-  const bool aligned =
-      ((reinterpret_cast<uintptr_t>(a.in) | reinterpret_cast<uintptr_t>(a.out)) &
-       (kPayloadBytesPerLine - 1)) == 0;
+  const uint32_t line = block * a.lines_per_block + t;
+  const uint32_t lines = (a.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
+  const bool active = t < static_cast<int>(a.lines_per_block) && line < lines;
   uint2 mine = {0u, 0u};
-  if (active) mine = LoadPayload(static_cast<const char*>(a.in), a.n_bytes, line, aligned);
+  if (active) mine = LoadPayload(a.in, a.n_bytes, a.vector_lines, line);
   const uint32_t flag = FlagOf(epoch);
   const int half = HalfOf(epoch);
 
   if (active) {
-    // Send: one 16-byte store into every peer, starting with the next rank so
-    // that ranks spread their first stores over different peers.
-    if (a.peer_writes == PeerWrites::kSend) {
-      const size_t slot = ScratchOffset(half, block, world, rank, t);
-      for (int k = 1; k < world; ++k) {
-        int peer = rank + k;
-        if (peer >= world) peer -= world;
-        StoreLine(ScratchOf(a.peers, peer) + slot, mine, flag);
+    // Send: one 16-byte store per peer, starting with the next rank.
+    const size_t slot = ScratchOffset(half, block, world, rank, t);
+    if constexpr (kToPeers) {
+      const size_t dst = kWrites == PeerWrites::kSend ? slot : DiagOffset(world, block, t);
+      if constexpr (kStatic) {
+#pragma unroll
+        for (int k = 0; k < kWorld - 1; ++k) StoreLine(to[k] + dst, mine, flag);
+      } else {
+        for (int k = 1; k < world; ++k) StoreLine(ScratchOf(a.peers, PeerAt(rank, k, world)) + dst, mine, flag);
       }
-    } else if (a.peer_writes == PeerWrites::kLoopback) {
+    }
+    if constexpr (kWrites == PeerWrites::kLoopback || kWrites == PeerWrites::kSendLoopback) {
+#pragma unroll kUnroll
       for (int k = 1; k < world; ++k) {
-        int peer = rank + k;
-        if (peer >= world) peer -= world;
-        StoreLine(own + ScratchOffset(half, block, world, peer, t), mine, flag);
+        StoreLine(own + ScratchOffset(half, block, world, PeerAt(rank, k, world), t), mine, flag);
       }
     }
     if (kTrace && trace != nullptr) t_sent = GlobalTimerNs();
     // Receive and reduce in rank order.
-    RankOrderSum<T> sum;
+    RankOrderSum<T, AccumulatorFor<kWorld>> sum;
+#pragma unroll kUnroll
     for (int src = 0; src < world; ++src) {
       uint2 p = mine;
       if (src != rank) {
@@ -90,17 +126,12 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
       sum.Add(src, p);
     }
-    StorePayload(static_cast<char*>(a.out), a.n_bytes, line, aligned, sum.Result());
+    StorePayload(a.out, a.n_bytes, a.vector_lines, line, sum.Result());
   }
 
   // Every thread of the block has read `epoch` and consumed its lines.
   __syncthreads();
-  if (MustRezero(epoch)) {
-    for (int i = t; i < world * kLinesPerBlock; i += blockDim.x) {
-      ClearLine(own + ScratchOffset(half, block, world, 0, 0) +
-                size_t(i) * kLineBytes);
-    }
-  }
+  if (MustRezero(epoch)) RezeroHalf(own, half, block, world);
   if (t == 0) a.epochs[block] = epoch + 1;
   if (kTrace && trace != nullptr) {
     const size_t e = 2 * size_t(epoch % kTraceSlots);
@@ -109,22 +140,52 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+using KernelFn = void (*)(AllReduceArgs);
+
+// The variants that exist: every dtype; the all-reduce and the trace variant
+// for world sizes 2, 4, 8 and any; the test hook and the diagnostics for 2
+// and any (the kernel bench runs them on the machine at hand).
 template <typename T>
-cudaError_t Launch(const AllReduceArgs& a, const OneShotGrid& g,
-                   cudaStream_t stream, bool trace) {
-  if (trace) {
-    OneShotLLKernel<T, true><<<g.blocks, g.threads, 0, stream>>>(a);
-  } else {
-    OneShotLLKernel<T, false><<<g.blocks, g.threads, 0, stream>>>(a);
+KernelFn Pick(int world, PeerWrites writes, bool trace) {
+  switch (writes) {
+    case PeerWrites::kSend:
+      switch (world) {
+        case 2: return trace ? OneShotLLKernel<T, 2, PeerWrites::kSend, true>
+                             : OneShotLLKernel<T, 2, PeerWrites::kSend, false>;
+        case 4: return trace ? OneShotLLKernel<T, 4, PeerWrites::kSend, true>
+                             : OneShotLLKernel<T, 4, PeerWrites::kSend, false>;
+        case 8: return trace ? OneShotLLKernel<T, 8, PeerWrites::kSend, true>
+                             : OneShotLLKernel<T, 8, PeerWrites::kSend, false>;
+        default: return trace ? OneShotLLKernel<T, 0, PeerWrites::kSend, true>
+                              : OneShotLLKernel<T, 0, PeerWrites::kSend, false>;
+      }
+    case PeerWrites::kDrop:
+      return world == 2 ? OneShotLLKernel<T, 2, PeerWrites::kDrop, false>
+                        : OneShotLLKernel<T, 0, PeerWrites::kDrop, false>;
+    case PeerWrites::kLoopback:
+      return world == 2 ? OneShotLLKernel<T, 2, PeerWrites::kLoopback, false>
+                        : OneShotLLKernel<T, 0, PeerWrites::kLoopback, false>;
+    case PeerWrites::kSendLoopback:
+      return world == 2 ? OneShotLLKernel<T, 2, PeerWrites::kSendLoopback, false>
+                        : OneShotLLKernel<T, 0, PeerWrites::kSendLoopback, false>;
   }
-  return cudaGetLastError();
+  return nullptr;
+}
+
+KernelFn PickFor(DType dtype, int world, PeerWrites writes, bool trace) {
+  switch (dtype) {
+    case DType::kF32: return Pick<float>(world, writes, trace);
+    case DType::kBF16: return Pick<__nv_bfloat16>(world, writes, trace);
+    case DType::kF16: return Pick<__half>(world, writes, trace);
+  }
+  return nullptr;
 }
 
 }  // namespace
 
-OneShotGrid OneShotGridFor(uint32_t lines) {
-  constexpr uint32_t kSmallBlockLines = 256;
-  uint32_t blocks = (lines + kSmallBlockLines - 1) / kSmallBlockLines;
+OneShotGrid OneShotGridFor(uint32_t lines, uint32_t block_lines) {
+  if (block_lines == 0 || block_lines > kLinesPerBlock) block_lines = kOneShotBlockLines;
+  uint32_t blocks = (lines + block_lines - 1) / block_lines;
   if (blocks > kMaxBlocks) blocks = kMaxBlocks;
   if (blocks == 0) blocks = 1;
   const uint32_t per_block = (lines + blocks - 1) / blocks;
@@ -133,35 +194,39 @@ OneShotGrid OneShotGridFor(uint32_t lines) {
 }
 
 cudaError_t LaunchOneShotLL(AllReduceArgs a, DType dtype, cudaStream_t stream,
-                            bool trace) {
+                            const OneShotOptions& o) {
   if (a.n_bytes == 0) return cudaSuccess;
   if (a.n_bytes > kOneShotMaxBytes || a.world < 2 || a.world > kMaxRanks ||
       a.rank >= a.world || a.peers == nullptr || a.epochs == nullptr) {
     return cudaErrorInvalidValue;
   }
-  a.lines = (a.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
-  const OneShotGrid g = OneShotGridFor(a.lines);
+  const uint32_t lines = (a.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(a.in) | reinterpret_cast<uintptr_t>(a.out)) &
+       (kPayloadBytesPerLine - 1)) == 0;
+  a.vector_lines = aligned ? a.n_bytes / kPayloadBytesPerLine : 0;
+  const OneShotGrid g = OneShotGridFor(lines, o.block_lines);
   a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
-  switch (dtype) {
-    case DType::kF32:
-      return Launch<float>(a, g, stream, trace);
-    case DType::kBF16:
-      return Launch<__nv_bfloat16>(a, g, stream, trace);
-    case DType::kF16:
-      return Launch<__half>(a, g, stream, trace);
-  }
-  return cudaErrorInvalidValue;
+  // Run-time world size: the generic variant (or on request, kernel bench).
+  const KernelFn fn = PickFor(dtype, o.generic ? 0 : a.world, a.peer_writes, o.trace);
+  if (fn == nullptr) return cudaErrorInvalidValue;
+  fn<<<g.blocks, g.threads, 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 cudaError_t PreloadOneShotLL() {
   cudaFuncAttributes attr;
-  for (cudaError_t e : {cudaFuncGetAttributes(&attr, OneShotLLKernel<float, false>),
-                        cudaFuncGetAttributes(&attr, OneShotLLKernel<__nv_bfloat16, false>),
-                        cudaFuncGetAttributes(&attr, OneShotLLKernel<__half, false>),
-                        cudaFuncGetAttributes(&attr, OneShotLLKernel<float, true>),
-                        cudaFuncGetAttributes(&attr, OneShotLLKernel<__nv_bfloat16, true>),
-                        cudaFuncGetAttributes(&attr, OneShotLLKernel<__half, true>)}) {
-    if (e != cudaSuccess) return e;
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (int world : {0, 2, 4, 8}) {
+      for (PeerWrites w : {PeerWrites::kSend, PeerWrites::kDrop, PeerWrites::kLoopback,
+                           PeerWrites::kSendLoopback}) {
+        for (bool trace : {false, true}) {
+          const cudaError_t e =
+              cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(PickFor(d, world, w, trace)));
+          if (e != cudaSuccess) return e;
+        }
+      }
+    }
   }
   return cudaSuccess;
 }
