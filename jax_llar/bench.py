@@ -306,47 +306,67 @@ def _mean_of(profile, key):
   return float(np.mean(vals)) if vals else None
 
 
-def measure(impl, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng,
-            timeline=False):
+def measure(impls, mesh, dtype, nbytes, k_short, k_long, calls, rounds, rng,
+            timeline=False) -> list[dict]:
+  """Per-step time of each impl's chain at one size (BENCHMARK.md, JAX level).
+
+  Each impl gets its own random inputs, checked against the host simulation
+  first. Then `rounds` rounds; in each, every impl times calls // rounds calls
+  of the short chain and as many of the long one, impls in an order that
+  rotates from round to round, so that a slow drift of the machine (clocks,
+  other load) affects all impls alike. Per-step time = (median of all long
+  calls - median of all short calls) / (k_long - k_short), in seconds.
+  """
   world = mesh.size
   n = max(1, nbytes // dtype.itemsize)
-  inputs = [testing.random_array(rng, (n,), dtype) for _ in range(world)]
   sharding = NamedSharding(mesh, P("x"))
-  x = jax.device_put(np.concatenate(inputs), sharding)
-  f_short = chain(impl, mesh, k_short, dtype)
-  f_long = chain(impl, mesh, k_long, dtype)
-  out = np.asarray(f_short(x)).reshape(world, n)
-  expect = simulate(impl, inputs, k_short, dtype)
-  correct = all(testing.bitwise_equal(out[r], expect[r]) for r in range(world))
-  fast = any(d.fast and d.bytes_per_rank == n * dtype.itemsize and
-             d.dtype == str(dtype) for d in jax_llar.dispatch_log())
-  f_long(x).block_until_ready()
+  state = {}
+  for impl in impls:
+    inputs = [testing.random_array(rng, (n,), dtype) for _ in range(world)]
+    x = jax.device_put(np.concatenate(inputs), sharding)
+    f_short = chain(impl, mesh, k_short, dtype)
+    f_long = chain(impl, mesh, k_long, dtype)
+    out = np.asarray(f_short(x)).reshape(world, n)
+    expect = simulate(impl, inputs, k_short, dtype)
+    correct = all(testing.bitwise_equal(out[r], expect[r]) for r in range(world))
+    fast = any(d.fast and d.bytes_per_rank == n * dtype.itemsize and
+               d.dtype == str(dtype) for d in jax_llar.dispatch_log())
+    f_long(x).block_until_ready()
+    state[impl] = dict(x=x, f_short=f_short, f_long=f_long, correct=correct,
+                       fast=fast, slopes=[], ts=[], tl=[])
   per_round = max(1, calls // rounds)
-  slopes, t_short_all, t_long_all = [], [], []
-  for _ in range(rounds):
-    ts = [_time_once(f_short, x) for _ in range(per_round)]
-    tl = [_time_once(f_long, x) for _ in range(per_round)]
-    t_short_all += ts
-    t_long_all += tl
-    slopes.append((statistics.median(tl) - statistics.median(ts)) / (k_long - k_short))
-  slope_all = (statistics.median(t_long_all) - statistics.median(t_short_all)) / (
-      k_long - k_short)
-  profile = (device_profile(f_long, x)
-             if timeline and impl != "lax.psum" else None)
-  return {
-      "impl": impl, "world_size": world, "dtype": str(dtype),
-      "bytes_per_rank": n * dtype.itemsize, "us_per_call": slope_all * 1e6,
-      "us_round_min": min(slopes) * 1e6, "us_round_max": max(slopes) * 1e6,
-      "us_round_median": statistics.median(slopes) * 1e6,
-      "k_short": k_short, "k_long": k_long, "calls_each": per_round * rounds,
-      "t_short_ms": statistics.median(t_short_all) * 1e3,
-      "t_long_ms": statistics.median(t_long_all) * 1e3,
-      "correct": bool(correct),
-      "fast_path": bool(fast) if impl.startswith("llar.") else None,
-      "device_period_us": _mean_of(profile, "period_us_median"),
-      "device_mean_period_us": _mean_of(profile, "period_us_mean"),
-      "device_profile": profile,
-  }
+  for r in range(rounds):
+    order = impls[r % len(impls):] + impls[: r % len(impls)]
+    for impl in order:
+      st = state[impl]
+      ts = [_time_once(st["f_short"], st["x"]) for _ in range(per_round)]
+      tl = [_time_once(st["f_long"], st["x"]) for _ in range(per_round)]
+      st["ts"] += ts
+      st["tl"] += tl
+      st["slopes"].append((statistics.median(tl) - statistics.median(ts)) /
+                          (k_long - k_short))
+  rows = []
+  for impl in impls:
+    st = state[impl]
+    slope_all = (statistics.median(st["tl"]) - statistics.median(st["ts"])) / (
+        k_long - k_short)
+    profile = (device_profile(st["f_long"], st["x"])
+               if timeline and impl != "lax.psum" else None)
+    rows.append({
+        "impl": impl, "world_size": world, "dtype": str(dtype),
+        "bytes_per_rank": n * dtype.itemsize, "us_per_call": slope_all * 1e6,
+        "us_round_min": min(st["slopes"]) * 1e6, "us_round_max": max(st["slopes"]) * 1e6,
+        "us_round_median": statistics.median(st["slopes"]) * 1e6,
+        "k_short": k_short, "k_long": k_long, "calls_each": per_round * rounds,
+        "t_short_ms": statistics.median(st["ts"]) * 1e3,
+        "t_long_ms": statistics.median(st["tl"]) * 1e3,
+        "correct": bool(st["correct"]),
+        "fast_path": bool(st["fast"]) if impl.startswith("llar.") else None,
+        "device_period_us": _mean_of(profile, "period_us_median"),
+        "device_mean_period_us": _mean_of(profile, "period_us_mean"),
+        "device_profile": profile,
+    })
+  return rows
 
 
 def environment() -> dict:
@@ -480,9 +500,11 @@ KERNEL_IMPLS = {"llar.one_shot_ll": "one_shot_ll", "kernel.copy": "copy",
                 # The run-time world-size variant (used for world sizes other
                 # than 2, 4, 8), measured and checked on this machine.
                 "diag.one_shot_ll_generic": "one_shot_ll_generic",
-                # The grid rule with 64 or 128 lines per block instead of 256.
-                "diag.one_shot_ll_b64": "one_shot_ll_b64",
-                "diag.one_shot_ll_b128": "one_shot_ll_b128"}
+                # The grid rule with 128 or 256 lines per block instead of 64.
+                "diag.one_shot_ll_b128": "one_shot_ll_b128",
+                "diag.one_shot_ll_b256": "one_shot_ll_b256",
+                # Two poll loads in flight, half an L2 round trip apart.
+                "diag.one_shot_ll_stagger": "one_shot_ll_stagger"}
 # Kernel-level rows whose outputs are each rank's own input summed world-size
 # times (no data crosses between ranks).
 _LOOPBACK_IMPLS = ("diag.one_shot_ll_loopback", "diag.one_shot_ll_send_loopback")
@@ -554,10 +576,11 @@ def run_jax_level(args) -> dict:
   for dt_name in args.dtypes:
     dtype = DTYPES[dt_name]
     for nbytes in args.sizes:
-      for impl in args.impls.split(","):
-        row = measure(impl, mesh, dtype, nbytes, args.k_short, args.k_long,
-                      args.calls, args.rounds, rng,
-                      timeline=nbytes <= args.timeline_max_bytes)
+      size_rows = measure(args.impls.split(","), mesh, dtype, nbytes, args.k_short,
+                          args.k_long, args.calls, args.rounds, rng,
+                          timeline=nbytes <= args.timeline_max_bytes)
+      for row in size_rows:
+        impl = row["impl"]
         rows.append(row)
         note = ("  (negative slope: timing noise; use longer chains or more calls)"
                 if row["us_per_call"] < 0 else "")
@@ -609,8 +632,9 @@ def main(argv=None):
                       f"{','.join(KERNEL_IMPLS)} (empty: all)")
   p.add_argument("--k-short", type=int, default=32, help="short chain length (jax level)")
   p.add_argument("--k-long", type=int, default=512, help="long chain length (jax level)")
-  p.add_argument("--calls", type=int, default=40, help="timed calls per chain length")
-  p.add_argument("--rounds", type=int, default=5,
+  p.add_argument("--calls", type=int, default=120,
+                 help="timed calls per chain length and impl (BENCHMARK.md: >= 40)")
+  p.add_argument("--rounds", type=int, default=6,
                  help="interleaved timing rounds (jax) / graph replays (kernel)")
   p.add_argument("--world", type=int, default=0, help="devices to use (0: all)")
   p.add_argument("--timeline-max-bytes", type=int, default=4096,

@@ -106,11 +106,13 @@ def _fast(decisions):
   return [d for d in decisions if d.fast]
 
 
-# Element counts: odd sizes (F2), every block-count boundary of the grid rule
-# (256 lines per block up to 64 blocks, then up to 512), and the one-shot limit.
+# Element counts: odd sizes (F2), every warp and block-count boundary of the
+# grid rule (64 lines per block up to 64 blocks, then up to 512), and the
+# one-shot limit.
 def _counts(dtype):
   per_line = 8 // dtype.itemsize
-  lines = [1, 2, 3, 7, 17, 31, 32, 33, 255, 256, 257, 511, 512, 513, 1023, 4097,
+  lines = [1, 2, 3, 7, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257,
+           511, 512, 513, 1023, 4095, 4096, 4097,
            16384 - 1, 16384, 16384 + 1, 32768]
   counts = {1, 2, 3, 7, 17, 1023, 4097}
   for ln in lines:
@@ -525,8 +527,9 @@ def test_kernel_variants_on_random_data(dtype):
   for n in (1, 3, 255, 1025, 4096 // dtype.itemsize + 1, 32768 + 3):
     inputs = [testing.random_array(rng, (n,), dtype) for _ in devices]
     expect = testing.rank_order_sum(inputs, dtype)
-    for impl in ("one_shot_ll", "one_shot_ll_generic", "one_shot_ll_b64",
-                 "one_shot_ll_generic_b128", "one_shot_ll_send_loopback"):
+    for impl in ("one_shot_ll", "one_shot_ll_generic", "one_shot_ll_b256",
+                 "one_shot_ll_generic_b128", "one_shot_ll_stagger",
+                 "one_shot_ll_send_loopback"):
       _, outs = mod.kernel_bench(cs.comm_id, impl, code, [x.tobytes() for x in inputs], 50, 1)
       for r, o in enumerate(outs):
         o = np.frombuffer(o, dtype)

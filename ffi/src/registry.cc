@@ -28,7 +28,7 @@ struct DeviceResources {
   ncclWindow_t window = nullptr;
   ncclDevComm dev_comm{};
   void* scratch = nullptr;
-  uint64_t* state = nullptr;   // kMaxBlocks epoch counters + one claim word
+  uint64_t* state = nullptr;   // kEpochCounters epoch counters + one claim word
   PeerTable* peers = nullptr;  // device copy of the peer table
   ErrorRecord* error = nullptr;  // host-mapped
   DeviceContext context;
@@ -118,9 +118,9 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
     CheckCuda(cudaSetDevice(group[i]), "cudaSetDevice");
     CheckNccl(ncclMemAlloc(&d.scratch, scratch_bytes), "ncclMemAlloc");
     CheckCuda(cudaMemset(d.scratch, 0, scratch_bytes), "cudaMemset(scratch)");
-    CheckCuda(cudaMalloc(&d.state, sizeof(uint64_t) * (kMaxBlocks + 1)),
+    CheckCuda(cudaMalloc(&d.state, sizeof(uint64_t) * (kEpochCounters + 1)),
               "cudaMalloc(epochs)");
-    CheckCuda(cudaMemset(d.state, 0, sizeof(uint64_t) * (kMaxBlocks + 1)),
+    CheckCuda(cudaMemset(d.state, 0, sizeof(uint64_t) * (kEpochCounters + 1)),
               "cudaMemset(epochs)");
     CheckCuda(cudaMalloc(&d.peers, sizeof(PeerTable)), "cudaMalloc(peer table)");
     CheckCuda(cudaHostAlloc(reinterpret_cast<void**>(&d.error), sizeof(ErrorRecord),
@@ -176,7 +176,7 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
     c.world = n;
     PeerTable table{};
     for (int p = 0; p < n; ++p) table.scratch[p] = static_cast<char*>(peers[p]);
-    table.error_claim = reinterpret_cast<int32_t*>(d.state + kMaxBlocks);
+    table.error_claim = reinterpret_cast<int32_t*>(d.state + kEpochCounters);
     CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table.error), d.error, 0),
               "cudaHostGetDevicePointer");
     table.timeout_ns = timeout_ns;
@@ -291,8 +291,8 @@ void SetEpochForTesting(int64_t comm_id, uint64_t epoch) {
   }
   for (const auto& d : set.devices) {
     CheckCuda(cudaSetDevice(d->context.ordinal), "cudaSetDevice");
-    std::vector<uint64_t> epochs(kMaxBlocks, epoch);
-    CheckCuda(cudaMemcpy(d->state, epochs.data(), sizeof(uint64_t) * kMaxBlocks,
+    std::vector<uint64_t> epochs(kEpochCounters, epoch);
+    CheckCuda(cudaMemcpy(d->state, epochs.data(), sizeof(uint64_t) * kEpochCounters,
                          cudaMemcpyHostToDevice),
               "cudaMemcpy(epochs)");
     CheckCuda(cudaMemset(d->scratch, 0, ScratchBytes(d->context.world)),

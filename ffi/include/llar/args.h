@@ -28,6 +28,10 @@ inline constexpr int kLinesPerBlock = 512;     // LL lines per block and source 
 inline constexpr int kLineBytes = 16;          // {d0, flag, d1, flag}
 inline constexpr int kPayloadBytesPerLine = 8; // d0 and d1
 inline constexpr int kMaxThreads = 512;        // one line per thread
+inline constexpr int kWarpSize = 32;
+inline constexpr int kMaxWarps = kMaxThreads / kWarpSize;  // warps per block, at most
+// Epoch counters per device and communicator: one per (block, warp) (epoch.cuh).
+inline constexpr int kEpochCounters = kMaxBlocks * kMaxWarps;
 
 // Largest payload per rank the one-shot LL kernel takes: 64 * 512 * 8 B = 256 KiB.
 inline constexpr std::size_t kOneShotMaxBytes =
@@ -131,7 +135,7 @@ enum class PeerWrites : int32_t {
 struct AllReduceArgs {
   const void* in;
   void* out;
-  uint64_t* epochs;                // kMaxBlocks per-block epoch counters (device memory)
+  uint64_t* epochs;                // kEpochCounters per-warp epoch counters (device memory)
   const PeerTable* peers;          // device memory
   uint32_t n_bytes;                // payload bytes per rank (<= kOneShotMaxBytes)
   uint32_t vector_lines;           // lines moved with one 8-byte access: n_bytes / 8

@@ -14,8 +14,11 @@ namespace llar {
 
 // Grid of the one-shot LL kernel for `lines` LL lines (host and tests use the
 // same rule): up to `block_lines` lines per block (default kOneShotBlockLines)
-// until 64 blocks, then up to 512.
-inline constexpr uint32_t kOneShotBlockLines = 256;
+// until 64 blocks, then up to 512. 64 lines (two warps) per block spreads a
+// small call over more SMs: at 1-4 KiB per rank it was 0.04-0.06 us faster per
+// call than 256 lines, and equal at 8 B, 32 KiB and 256 KiB
+// (benchmarks/NOTES.md, session 3).
+inline constexpr uint32_t kOneShotBlockLines = 64;
 struct OneShotGrid {
   uint32_t blocks, lines_per_block, threads;
 };
@@ -27,6 +30,7 @@ struct OneShotOptions {
   bool generic = false;      // the run-time world-size variant even for 2, 4, 8 ranks
                              // (kernel bench: measures and checks it on this machine)
   uint32_t block_lines = 0;  // grid rule's lines per block (0: kOneShotBlockLines)
+  bool stagger = false;      // staggered poll (wait.cuh; 2 ranks, kSend, no trace)
 };
 
 // one_shot_ll.cu: a.vector_lines and a.lines_per_block are filled in by the

@@ -19,6 +19,8 @@
 //            whose trace was enabled before the call was recorded; the
 //            production variant has no trace code at all (with it, each call
 //            cost 0.15-0.2 us more, benchmarks/NOTES.md).
+//   kStagger the staggered poll (wait.cuh); built for 2 ranks only, measured
+//            by the kernel bench (one_shot_ll_stagger).
 // Everything off the fast path (byte-wise tail lines, the timeout report, the
 // epoch re-zeroing) is out of line, so the hot instructions stay together.
 #include <cuda_bf16.h>
@@ -49,16 +51,15 @@ __device__ __forceinline__ int PeerAt(int rank, int k, int world) {
   return p >= world ? p - world : p;
 }
 
-// Clears the half of this block's region that the call just consumed, all
-// source ranks (epoch.cuh, re-zeroing). Runs twice every 2^30 calls.
-__device__ __noinline__ void RezeroHalf(char* own, int half, int block, int world) {
-  char* const base = own + ScratchOffset(half, block, world, 0, 0);
-  for (int i = threadIdx.x; i < world * kLinesPerBlock; i += blockDim.x) {
-    ClearLine(base + size_t(i) * kLineBytes);
+// Clears this thread's line in the half the call just consumed, for every
+// source rank (epoch.cuh, re-zeroing). Runs twice every 2^30 calls.
+__device__ __noinline__ void RezeroLines(char* own, int half, int block, int world, int t) {
+  for (int src = 0; src < world; ++src) {
+    ClearLine(own + ScratchOffset(half, block, world, src, t));
   }
 }
 
-template <typename T, int kWorld, PeerWrites kWrites, bool kTrace>
+template <typename T, int kWorld, PeerWrites kWrites, bool kTrace, bool kStagger>
 __global__ void __launch_bounds__(kMaxThreads)
     OneShotLLKernel(const AllReduceArgs a) {
   constexpr bool kStatic = kWorld > 0;
@@ -70,10 +71,12 @@ __global__ void __launch_bounds__(kMaxThreads)
   const int block = blockIdx.x;
   const int t = threadIdx.x;
 
-  // Independent loads first, back to back: the epoch, the scratch addresses
-  // (the PeerTable does not change while a kernel runs, so the read-only path
-  // is safe) and this thread's payload.
-  const uint64_t epoch = LoadEpoch(a.epochs + block);
+  // Independent loads first, back to back: the warp's epoch, the scratch
+  // addresses (the PeerTable does not change while a kernel runs, so the
+  // read-only path is safe) and this thread's payload.
+  uint64_t* const counter =
+      a.epochs + (static_cast<unsigned>(block) * kMaxWarps + static_cast<unsigned>(t) / kWarpSize);
+  const uint64_t epoch = LoadEpoch(counter);
   char* const own = ScratchOf(a.peers, rank);
   char* to[kStatic ? kWorld - 1 : 1];
   if constexpr (kStatic && kToPeers) {
@@ -115,24 +118,28 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
     }
     if (kTrace && trace != nullptr) t_sent = GlobalTimerNs();
+  }
+  // Every lane of the warp has read the epoch: advance the warp's counter
+  // now, while the lines are in flight, rather than at the end.
+  __syncwarp();
+  if (t % kWarpSize == 0) *counter = epoch + 1;
+
+  if (active) {
     // Receive and reduce in rank order.
     RankOrderSum<T, AccumulatorFor<kWorld>> sum;
 #pragma unroll kUnroll
     for (int src = 0; src < world; ++src) {
       uint2 p = mine;
       if (src != rank) {
-        p = WaitLine(a.peers, own + ScratchOffset(half, block, world, src, t), flag,
-                     WaitSite{rank, src, block, t, epoch});
+        p = WaitLine<kStagger>(a.peers, own + ScratchOffset(half, block, world, src, t),
+                               flag, WaitSite{rank, src, block, t, epoch});
       }
       sum.Add(src, p);
     }
     StorePayload(a.out, a.n_bytes, a.vector_lines, line, sum.Result());
   }
-
-  // Every thread of the block has read `epoch` and consumed its lines.
-  __syncthreads();
-  if (MustRezero(epoch)) RezeroHalf(own, half, block, world);
-  if (t == 0) a.epochs[block] = epoch + 1;
+  // Each thread clears only lines it consumed itself: no barrier needed.
+  if (MustRezero(epoch)) RezeroLines(own, half, block, world, t);
   if (kTrace && trace != nullptr) {
     const size_t e = 2 * size_t(epoch % kTraceSlots);
     trace[e] = t_sent;
@@ -145,38 +152,41 @@ using KernelFn = void (*)(AllReduceArgs);
 // The variants that exist: every dtype; the all-reduce and the trace variant
 // for world sizes 2, 4, 8 and any; the test hook and the diagnostics for 2
 // and any (the kernel bench runs them on the machine at hand).
+template <typename T, int kWorld, PeerWrites kWrites, bool kTrace>
+constexpr KernelFn kKernel = OneShotLLKernel<T, kWorld, kWrites, kTrace, false>;
+
 template <typename T>
-KernelFn Pick(int world, PeerWrites writes, bool trace) {
+KernelFn Pick(int world, PeerWrites writes, bool trace, bool stagger) {
+  constexpr PeerWrites kSend = PeerWrites::kSend;
   switch (writes) {
     case PeerWrites::kSend:
+      if (stagger) {
+        return world == 2 && !trace ? OneShotLLKernel<T, 2, kSend, false, true> : nullptr;
+      }
       switch (world) {
-        case 2: return trace ? OneShotLLKernel<T, 2, PeerWrites::kSend, true>
-                             : OneShotLLKernel<T, 2, PeerWrites::kSend, false>;
-        case 4: return trace ? OneShotLLKernel<T, 4, PeerWrites::kSend, true>
-                             : OneShotLLKernel<T, 4, PeerWrites::kSend, false>;
-        case 8: return trace ? OneShotLLKernel<T, 8, PeerWrites::kSend, true>
-                             : OneShotLLKernel<T, 8, PeerWrites::kSend, false>;
-        default: return trace ? OneShotLLKernel<T, 0, PeerWrites::kSend, true>
-                              : OneShotLLKernel<T, 0, PeerWrites::kSend, false>;
+        case 2: return trace ? kKernel<T, 2, kSend, true> : kKernel<T, 2, kSend, false>;
+        case 4: return trace ? kKernel<T, 4, kSend, true> : kKernel<T, 4, kSend, false>;
+        case 8: return trace ? kKernel<T, 8, kSend, true> : kKernel<T, 8, kSend, false>;
+        default: return trace ? kKernel<T, 0, kSend, true> : kKernel<T, 0, kSend, false>;
       }
     case PeerWrites::kDrop:
-      return world == 2 ? OneShotLLKernel<T, 2, PeerWrites::kDrop, false>
-                        : OneShotLLKernel<T, 0, PeerWrites::kDrop, false>;
+      return world == 2 ? kKernel<T, 2, PeerWrites::kDrop, false>
+                        : kKernel<T, 0, PeerWrites::kDrop, false>;
     case PeerWrites::kLoopback:
-      return world == 2 ? OneShotLLKernel<T, 2, PeerWrites::kLoopback, false>
-                        : OneShotLLKernel<T, 0, PeerWrites::kLoopback, false>;
+      return world == 2 ? kKernel<T, 2, PeerWrites::kLoopback, false>
+                        : kKernel<T, 0, PeerWrites::kLoopback, false>;
     case PeerWrites::kSendLoopback:
-      return world == 2 ? OneShotLLKernel<T, 2, PeerWrites::kSendLoopback, false>
-                        : OneShotLLKernel<T, 0, PeerWrites::kSendLoopback, false>;
+      return world == 2 ? kKernel<T, 2, PeerWrites::kSendLoopback, false>
+                        : kKernel<T, 0, PeerWrites::kSendLoopback, false>;
   }
   return nullptr;
 }
 
-KernelFn PickFor(DType dtype, int world, PeerWrites writes, bool trace) {
+KernelFn PickFor(DType dtype, int world, PeerWrites writes, bool trace, bool stagger) {
   switch (dtype) {
-    case DType::kF32: return Pick<float>(world, writes, trace);
-    case DType::kBF16: return Pick<__nv_bfloat16>(world, writes, trace);
-    case DType::kF16: return Pick<__half>(world, writes, trace);
+    case DType::kF32: return Pick<float>(world, writes, trace, stagger);
+    case DType::kBF16: return Pick<__nv_bfloat16>(world, writes, trace, stagger);
+    case DType::kF16: return Pick<__half>(world, writes, trace, stagger);
   }
   return nullptr;
 }
@@ -208,7 +218,8 @@ cudaError_t LaunchOneShotLL(AllReduceArgs a, DType dtype, cudaStream_t stream,
   const OneShotGrid g = OneShotGridFor(lines, o.block_lines);
   a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
   // Run-time world size: the generic variant (or on request, kernel bench).
-  const KernelFn fn = PickFor(dtype, o.generic ? 0 : a.world, a.peer_writes, o.trace);
+  const KernelFn fn =
+      PickFor(dtype, o.generic ? 0 : a.world, a.peer_writes, o.trace, o.stagger);
   if (fn == nullptr) return cudaErrorInvalidValue;
   fn<<<g.blocks, g.threads, 0, stream>>>(a);
   return cudaGetLastError();
@@ -220,9 +231,10 @@ cudaError_t PreloadOneShotLL() {
     for (int world : {0, 2, 4, 8}) {
       for (PeerWrites w : {PeerWrites::kSend, PeerWrites::kDrop, PeerWrites::kLoopback,
                            PeerWrites::kSendLoopback}) {
-        for (bool trace : {false, true}) {
-          const cudaError_t e =
-              cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(PickFor(d, world, w, trace)));
+        for (int v = 0; v < 3; ++v) {  // plain, trace, staggered poll
+          const KernelFn fn = PickFor(d, world, w, v == 1, v == 2);
+          if (fn == nullptr) continue;
+          const cudaError_t e = cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(fn));
           if (e != cudaSuccess) return e;
         }
       }
