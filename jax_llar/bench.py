@@ -502,9 +502,7 @@ KERNEL_IMPLS = {"llar.one_shot_ll": "one_shot_ll", "kernel.copy": "copy",
                 "diag.one_shot_ll_generic": "one_shot_ll_generic",
                 # The grid rule with 128 or 256 lines per block instead of 64.
                 "diag.one_shot_ll_b128": "one_shot_ll_b128",
-                "diag.one_shot_ll_b256": "one_shot_ll_b256",
-                # Two poll loads in flight, half an L2 round trip apart.
-                "diag.one_shot_ll_stagger": "one_shot_ll_stagger"}
+                "diag.one_shot_ll_b256": "one_shot_ll_b256"}
 # Kernel-level rows whose outputs are each rank's own input summed world-size
 # times (no data crosses between ranks).
 _LOOPBACK_IMPLS = ("diag.one_shot_ll_loopback", "diag.one_shot_ll_send_loopback")

@@ -528,8 +528,7 @@ def test_kernel_variants_on_random_data(dtype):
     inputs = [testing.random_array(rng, (n,), dtype) for _ in devices]
     expect = testing.rank_order_sum(inputs, dtype)
     for impl in ("one_shot_ll", "one_shot_ll_generic", "one_shot_ll_b256",
-                 "one_shot_ll_generic_b128", "one_shot_ll_stagger",
-                 "one_shot_ll_send_loopback"):
+                 "one_shot_ll_generic_b128", "one_shot_ll_send_loopback"):
       _, outs = mod.kernel_bench(cs.comm_id, impl, code, [x.tobytes() for x in inputs], 50, 1)
       for r, o in enumerate(outs):
         o = np.frombuffer(o, dtype)

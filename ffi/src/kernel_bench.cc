@@ -50,7 +50,7 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
   if (impl.rfind("one_shot_ll", 0) == 0 && bytes > kOneShotMaxBytes) {
     throw std::runtime_error("jax_llar kernel bench: larger than the one-shot limit");
   }
-  // one_shot_ll[_loopback|_send_loopback|_traced|_generic|_stagger][_b<lines per block>]
+  // one_shot_ll[_loopback|_send_loopback|_traced|_generic][_b<lines per block>]
   OneShotOptions options;
   PeerWrites writes = PeerWrites::kSend;
   if (impl.rfind("one_shot_ll", 0) == 0) {
@@ -74,8 +74,6 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
       options.trace = true;
     } else if (rest == "_generic") {
       options.generic = true;
-    } else if (rest == "_stagger") {
-      options.stagger = true;
     } else if (!rest.empty()) {
       throw std::runtime_error("jax_llar kernel bench: unknown impl " + impl);
     }

@@ -100,45 +100,19 @@ struct WaitBound {
   }
 };
 
-// Cycles between the two loads of a staggered poll: about half an L2 round
-// trip (a dependent L2 load took 145 ns, about 290 cycles, on the H200;
-// jax_llar.sol's l2_chase_ns).
-inline constexpr uint32_t kStaggerCycles = 144;
-
 // Polls the LL line at `src` (own scratch) until it carries `flag`; returns
 // its payload. Bounded by pt->timeout_ns, which is read only once the wait
 // has lasted kSpinsPerClockRead polls (off the fast path).
-//
-// kStagger: keeps two loads in flight, issued half a round trip apart, so a
-// line that lands just after one load passed the L2 is seen by the other
-// about half a round trip sooner (on average a quarter of a round trip is
-// saved). Without it, one load is in flight at a time.
-template <bool kStagger = false>
 __device__ __forceinline__ uint2 WaitLine(const PeerTable* pt,
                                           const char* src, uint32_t flag,
                                           const WaitSite& site) {
   uint4 v = LoadLine(src);
   if (LineReady(v, flag)) return LinePayload(v);
   WaitBound bound;
-  if constexpr (kStagger) {
-    uint4 a = LoadLine(src);
-    const uint32_t c0 = static_cast<uint32_t>(clock());
-    while (static_cast<uint32_t>(clock()) - c0 < kStaggerCycles) {
-    }
-    uint4 b = LoadLine(src);
-    while (true) {
-      if (LineReady(a, flag)) return LinePayload(a);
-      a = LoadLine(src);
-      if (LineReady(b, flag)) return LinePayload(b);
-      b = LoadLine(src);
-      bound.Tick(pt, site, flag, b);
-    }
-  } else {
-    while (true) {
-      v = LoadLine(src);
-      if (LineReady(v, flag)) return LinePayload(v);
-      bound.Tick(pt, site, flag, v);
-    }
+  while (true) {
+    v = LoadLine(src);
+    if (LineReady(v, flag)) return LinePayload(v);
+    bound.Tick(pt, site, flag, v);
   }
 }
 

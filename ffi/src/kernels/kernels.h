@@ -30,7 +30,6 @@ struct OneShotOptions {
   bool generic = false;      // the run-time world-size variant even for 2, 4, 8 ranks
                              // (kernel bench: measures and checks it on this machine)
   uint32_t block_lines = 0;  // grid rule's lines per block (0: kOneShotBlockLines)
-  bool stagger = false;      // staggered poll (wait.cuh; 2 ranks, kSend, no trace)
 };
 
 // one_shot_ll.cu: a.vector_lines and a.lines_per_block are filled in by the

@@ -19,8 +19,6 @@
 //            whose trace was enabled before the call was recorded; the
 //            production variant has no trace code at all (with it, each call
 //            cost 0.15-0.2 us more, benchmarks/NOTES.md).
-//   kStagger the staggered poll (wait.cuh); built for 2 ranks only, measured
-//            by the kernel bench (one_shot_ll_stagger).
 // Everything off the fast path (byte-wise tail lines, the timeout report, the
 // epoch re-zeroing) is out of line, so the hot instructions stay together.
 #include <cuda_bf16.h>
@@ -59,7 +57,7 @@ __device__ __noinline__ void RezeroLines(char* own, int half, int block, int wor
   }
 }
 
-template <typename T, int kWorld, PeerWrites kWrites, bool kTrace, bool kStagger>
+template <typename T, int kWorld, PeerWrites kWrites, bool kTrace>
 __global__ void __launch_bounds__(kMaxThreads)
     OneShotLLKernel(const AllReduceArgs a) {
   constexpr bool kStatic = kWorld > 0;
@@ -131,8 +129,8 @@ __global__ void __launch_bounds__(kMaxThreads)
     for (int src = 0; src < world; ++src) {
       uint2 p = mine;
       if (src != rank) {
-        p = WaitLine<kStagger>(a.peers, own + ScratchOffset(half, block, world, src, t),
-                               flag, WaitSite{rank, src, block, t, epoch});
+        p = WaitLine(a.peers, own + ScratchOffset(half, block, world, src, t),
+                     flag, WaitSite{rank, src, block, t, epoch});
       }
       sum.Add(src, p);
     }
@@ -153,16 +151,13 @@ using KernelFn = void (*)(AllReduceArgs);
 // for world sizes 2, 4, 8 and any; the test hook and the diagnostics for 2
 // and any (the kernel bench runs them on the machine at hand).
 template <typename T, int kWorld, PeerWrites kWrites, bool kTrace>
-constexpr KernelFn kKernel = OneShotLLKernel<T, kWorld, kWrites, kTrace, false>;
+constexpr KernelFn kKernel = OneShotLLKernel<T, kWorld, kWrites, kTrace>;
 
 template <typename T>
-KernelFn Pick(int world, PeerWrites writes, bool trace, bool stagger) {
+KernelFn Pick(int world, PeerWrites writes, bool trace) {
   constexpr PeerWrites kSend = PeerWrites::kSend;
   switch (writes) {
     case PeerWrites::kSend:
-      if (stagger) {
-        return world == 2 && !trace ? OneShotLLKernel<T, 2, kSend, false, true> : nullptr;
-      }
       switch (world) {
         case 2: return trace ? kKernel<T, 2, kSend, true> : kKernel<T, 2, kSend, false>;
         case 4: return trace ? kKernel<T, 4, kSend, true> : kKernel<T, 4, kSend, false>;
@@ -182,11 +177,11 @@ KernelFn Pick(int world, PeerWrites writes, bool trace, bool stagger) {
   return nullptr;
 }
 
-KernelFn PickFor(DType dtype, int world, PeerWrites writes, bool trace, bool stagger) {
+KernelFn PickFor(DType dtype, int world, PeerWrites writes, bool trace) {
   switch (dtype) {
-    case DType::kF32: return Pick<float>(world, writes, trace, stagger);
-    case DType::kBF16: return Pick<__nv_bfloat16>(world, writes, trace, stagger);
-    case DType::kF16: return Pick<__half>(world, writes, trace, stagger);
+    case DType::kF32: return Pick<float>(world, writes, trace);
+    case DType::kBF16: return Pick<__nv_bfloat16>(world, writes, trace);
+    case DType::kF16: return Pick<__half>(world, writes, trace);
   }
   return nullptr;
 }
@@ -218,8 +213,7 @@ cudaError_t LaunchOneShotLL(AllReduceArgs a, DType dtype, cudaStream_t stream,
   const OneShotGrid g = OneShotGridFor(lines, o.block_lines);
   a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
   // Run-time world size: the generic variant (or on request, kernel bench).
-  const KernelFn fn =
-      PickFor(dtype, o.generic ? 0 : a.world, a.peer_writes, o.trace, o.stagger);
+  const KernelFn fn = PickFor(dtype, o.generic ? 0 : a.world, a.peer_writes, o.trace);
   if (fn == nullptr) return cudaErrorInvalidValue;
   fn<<<g.blocks, g.threads, 0, stream>>>(a);
   return cudaGetLastError();
@@ -231,9 +225,8 @@ cudaError_t PreloadOneShotLL() {
     for (int world : {0, 2, 4, 8}) {
       for (PeerWrites w : {PeerWrites::kSend, PeerWrites::kDrop, PeerWrites::kLoopback,
                            PeerWrites::kSendLoopback}) {
-        for (int v = 0; v < 3; ++v) {  // plain, trace, staggered poll
-          const KernelFn fn = PickFor(d, world, w, v == 1, v == 2);
-          if (fn == nullptr) continue;
+        for (bool trace : {false, true}) {
+          const KernelFn fn = PickFor(d, world, w, trace);
           const cudaError_t e = cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(fn));
           if (e != cudaSuccess) return e;
         }
