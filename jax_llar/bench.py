@@ -50,7 +50,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_llar
-from jax_llar import _copy, _ext, graphcheck, testing
+from jax_llar import _copy, _ext, _host, graphcheck, testing
 
 IMPLS = ("lax.psum", "xla.custom_call_copy", "llar.one_shot_ll")
 # XLA flags that MEASURED.md tried on lax.psum; each is a baseline of its own.
@@ -517,7 +517,8 @@ def run_kernel_level(args) -> dict:
   from jax_llar import comm
   mod = _ext.load()
   if mod is None:
-    raise SystemExit(f"kernel level needs the CUDA extension: {_ext.reason()}")
+    raise SystemExit("kernel level needs the CUDA extension and 2+ CUDA GPUs: "
+                     f"{_ext.reason()}")
   devices = jax.devices()[: args.world or jax.device_count()]
   cs = comm.get_or_create([[d.local_hardware_id for d in devices]])
   rng = np.random.default_rng(args.seed)
@@ -652,6 +653,9 @@ def main(argv=None):
                  help="folder for <machine>-<yyyymmdd>-<level><tag>.json/.png")
   p.add_argument("--tag", default="", help="suffix for the result file name")
   args = p.parse_args(argv)
+  if args.level == "jax" and not _host.gpu_present() and _host.force_host_devices(2):
+    print("jax_llar.bench: no GPU here; running on 2 forced CPU devices "
+          "(XLA_FLAGS=--xla_force_host_platform_device_count=2)", flush=True)
   if args.level == "kernel":
     result = run_kernel_level(args)
   else:

@@ -30,6 +30,8 @@ import statistics
 import sys
 import time
 
+from jax_llar import _host
+
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -48,16 +50,6 @@ PRESETS = {
     "llama3-8b-4l": Config(4096, 32, 8, 128, 14336, 128256, 4),
     "small": Config(512, 8, 4, 64, 1536, 8192, 4),
 }
-
-
-def _gpu_present() -> bool:
-  return any(os.path.exists(f"/dev/nvidia{i}") for i in range(16))
-
-
-def _force_host_devices(n: int) -> None:
-  flags = os.environ.get("XLA_FLAGS", "")
-  if "xla_force_host_platform_device_count" not in flags:
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
 
 
 def build(cfg: Config, mesh, psum_fn, batch: int, max_len: int):
@@ -195,9 +187,9 @@ def build(cfg: Config, mesh, psum_fn, batch: int, max_len: int):
 
 
 def run(args) -> dict:
-  gpu = _gpu_present() and os.environ.get("JAX_PLATFORMS", "") in ("", "cuda", "gpu")
+  gpu = _host.gpu_present()
   if not gpu:
-    _force_host_devices(args.cpu_devices)
+    _host.force_host_devices(args.cpu_devices)
   import jax
   import jax.numpy as jnp
   import numpy as np

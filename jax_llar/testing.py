@@ -25,7 +25,8 @@ def round_from_f64(x: np.ndarray, dtype) -> np.ndarray:
   dtype = np.dtype(dtype)
   x = np.asarray(x, np.float64)
   if dtype != np.dtype(ml_dtypes.bfloat16):
-    return x.astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are values here
+      return x.astype(dtype)
   with np.errstate(over="ignore", invalid="ignore"):
     f = x.astype(np.float32)
     inexact = np.isfinite(x) & (f.astype(np.float64) != x)
@@ -38,9 +39,10 @@ def round_from_f64(x: np.ndarray, dtype) -> np.ndarray:
 
 def rank_order_sum(inputs: Sequence[np.ndarray], dtype) -> np.ndarray:
   """float64 sum of `inputs` in rank order (rank 0 first), rounded once."""
-  acc = np.asarray(inputs[0]).astype(np.float64)
-  for x in inputs[1:]:
-    acc = acc + np.asarray(x).astype(np.float64)
+  with np.errstate(over="ignore", invalid="ignore"):  # inf + -inf is NaN, as on the GPU
+    acc = np.asarray(inputs[0]).astype(np.float64)
+    for x in inputs[1:]:
+      acc = acc + np.asarray(x).astype(np.float64)
   return round_from_f64(acc, dtype)
 
 

@@ -55,15 +55,16 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
   PeerWrites writes = PeerWrites::kSend;
   if (impl.rfind("one_shot_ll", 0) == 0) {
     std::string rest = impl.substr(std::string("one_shot_ll").size());
+    // An optional trailing _b<1-3 digits>: the grid rule's lines per block.
     const size_t b = rest.rfind("_b");
-    if (b != std::string::npos) {
-      const std::string digits = rest.substr(b + 2);
-      if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos ||
-          digits.size() > 3 || std::stoul(digits) == 0 ||
-          std::stoul(digits) > kLinesPerBlock) {
-        throw std::runtime_error("jax_llar kernel bench: bad lines per block in " + impl);
+    if (b != std::string::npos && b + 2 < rest.size() && rest.size() - b - 2 <= 3 &&
+        rest.find_first_not_of("0123456789", b + 2) == std::string::npos) {
+      const unsigned long lines = std::stoul(rest.substr(b + 2));
+      if (lines == 0 || lines > static_cast<unsigned long>(kLinesPerBlock)) {
+        throw std::runtime_error("jax_llar kernel bench: lines per block must be 1-" +
+                                 std::to_string(kLinesPerBlock) + " in " + impl);
       }
-      options.block_lines = static_cast<uint32_t>(std::stoul(digits));
+      options.block_lines = static_cast<uint32_t>(lines);
       rest = rest.substr(0, b);
     }
     if (rest == "_loopback") {

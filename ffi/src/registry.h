@@ -78,9 +78,10 @@ void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop);
 // into a CUDA graph after it launch the trace variant of the kernel (calls
 // captured before keep the plain one; uncaptured calls pick the variant at
 // each launch). DisableCallTrace points the tables back at nothing (trace
-// variants already captured then store nothing); ReadCallTrace returns block 0's epoch (the number
-// of calls so far) and the 2 * kTraceSlots words of one device's buffer
-// (empty when tracing is off).
+// variants already captured then store nothing); ReadCallTrace returns the
+// epoch of warp 0 of block 0, which every non-empty call launches (so: the
+// number of calls so far), and the 2 * kTraceSlots words of one device's
+// buffer (empty when tracing is off).
 void EnableCallTrace(int64_t comm_id);
 void DisableCallTrace(int64_t comm_id);
 std::pair<uint64_t, std::vector<uint64_t>> ReadCallTrace(int64_t comm_id, int32_t ordinal);

@@ -46,8 +46,10 @@ constexpr std::size_t ProtocolScratchBytes(int world) {
 
 // A diagnostic area follows the protocol scratch: the kernel bench's
 // send-and-loopback variant (PeerWrites::kSendLoopback) stores its remote lines
-// there, where no kernel ever reads, so that it loads the network exactly as
-// the all-reduce does without touching any slot the protocol polls.
+// there, where no kernel ever reads, so that it sends what the all-reduce
+// sends over every link without touching any slot the protocol polls. (With
+// more than two ranks the peers' lines land on the same diagnostic lines of a
+// rank; the bytes per link are still those of the all-reduce.)
 inline constexpr std::size_t kDiagBytes =
     std::size_t(kMaxBlocks) * kLinesPerBlock * kLineBytes;
 
@@ -109,9 +111,10 @@ struct PeerTable {
 };
 
 // Call trace (off unless enabled): thread 0 of block 0 of each call stores
-// the time its lines were sent and the time the block finished (%globaltimer,
-// ns) in entry (epoch % kTraceSlots), two words per entry: device timestamps
-// of the last calls without a profiler.
+// the time its lines were sent and the time block 0 finished (%globaltimer,
+// ns; the trace variant waits for all of block 0's warps before it reads the
+// clock) in entry (epoch % kTraceSlots), with the epoch of warp 0 of block 0,
+// two words per entry: device timestamps of the last calls without a profiler.
 inline constexpr int kTraceSlots = 4096;
 
 // What the kernel does with its lines (kSend is the all-reduce). The host

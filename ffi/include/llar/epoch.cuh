@@ -18,15 +18,17 @@
 //   is correct. A counter per warp rather than per block means the block
 //   needs no barrier at all: each warp only waits for its own lanes.
 //
-// Why no barrier is needed (reuse argument, per warp and its lines)
-//   Rank r's warp writes half h of its lines in peer p's scratch at epoch E
-//   and next at E + 2. Before r's warp can run epoch E + 2 it finished epoch
-//   E + 1, which means it received p's epoch-(E + 1) lines. p sent those from
-//   a kernel launched after p's epoch-E kernel completed, and p's reads of
-//   half h at epoch E happened inside that earlier kernel. So p has consumed
-//   half h before r overwrites it. Kernel completion on p orders p's reads
-//   before its later remote stores; r's store is causally after it received
-//   them.
+// Why no barrier is needed (reuse argument)
+//   Fix warp w. Its epoch E stands for the same call on every rank (the E-th
+//   call whose grid launched warp w). Rank r's warp w writes half h of its
+//   lines in peer p's scratch in call c0 (epoch E) and next in call c2
+//   (epoch E + 2), after r completed call c1 (epoch E + 1). Warp w itself may
+//   have had no active lane in c1, but c1 moved at least one byte, so some
+//   thread of r's c1 waited for a line that p stored in its own c1 kernel. p
+//   launched that kernel after its c0 kernel completed, and p's reads of half h
+//   of warp w's lines happened inside c0. So p consumed them before r's c2
+//   overwrites them: kernel completion on p orders p's reads before its later
+//   remote stores, and r's c2 store is causally after r received them.
 //
 // Re-zeroing (flag uniqueness over long runs)
 //   flag(E) repeats every 2^32 epochs. A slot that was last written long ago

@@ -14,7 +14,7 @@
 //     rounded sum, which is also what the float64 reference produces
 //     (53 >= 2 * 24 + 2). Float has bf16's exponent range and a wider one than
 //     f16, and subnormals are kept, so this holds over the whole range.
-//     tests/test_accumulation.py checks it on the CPU over random and special
+//     tests/test_accumulation_cpu.py checks it on the CPU over random and special
 //     pairs; the GPU suite checks the kernel against the float64 reference.
 //   * Larger or run-time world sizes: float64 accumulation, rounded once. For
 //     three or more addends, only float64 gives the reference's result.

@@ -138,6 +138,11 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
   // Each thread clears only lines it consumed itself: no barrier needed.
   if (MustRezero(epoch)) RezeroLines(own, half, block, world, t);
+  if constexpr (kTrace) {
+    // The trace records when block 0 finished: wait for its other warps (the
+    // production variant has no block barrier at all).
+    __syncthreads();
+  }
   if (kTrace && trace != nullptr) {
     const size_t e = 2 * size_t(epoch % kTraceSlots);
     trace[e] = t_sent;
