@@ -93,7 +93,7 @@ struct ErrorRecord {
   uint32_t flag_expected;  // flag word the epoch asks for
   uint32_t flag_seen;      // flag words last read (first of the two)
   uint32_t flag_seen2;     // second flag word last read
-  uint64_t epoch;          // the block's epoch for this call
+  uint64_t epoch;          // the waiting warp's epoch for this call
   uint64_t waited_ns;      // time spent waiting when it gave up
 };
 
