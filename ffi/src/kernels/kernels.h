@@ -14,10 +14,11 @@ namespace llar {
 
 // Grid of the one-shot LL kernel for `lines` LL lines (host and tests use the
 // same rule): up to `block_lines` lines per block (default kOneShotBlockLines)
-// until 64 blocks, then up to 512. Against 128 and 256 lines per block, 64
-// (two warps) was within 0.06 us per call at every size in three runs, and
-// neither other rule was faster at every size or in every run
-// (benchmarks/NOTES.md, entries 11, 14 and 17; kernel bench rows _b128, _b256).
+// until 64 blocks, then up to 512. In three runs against 128 and 256 lines
+// per block, 64 (two warps) was at most 0.06 us per call slower and up to
+// 0.10 us faster, and neither other rule was faster at every size or in every
+// run (benchmarks/NOTES.md, entries 11, 14 and 17; kernel bench rows _b128,
+// _b256).
 inline constexpr uint32_t kOneShotBlockLines = 64;
 struct OneShotGrid {
   uint32_t blocks, lines_per_block, threads;
