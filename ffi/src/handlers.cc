@@ -127,18 +127,17 @@ XLA_FFI_DEFINE_HANDLER(kAllReduceExecute, AllReduceExecute,
                            .Attr<int64_t>("algorithm"),
                        {ffi::Traits::kCmdBufferCompatible});
 
-XLA_FFI_DEFINE_HANDLER(kCopyExecute, CopyExecute<LaunchCopy>,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>(),
-                       {ffi::Traits::kCmdBufferCompatible});
+// The copy calls (plain and wide-parameter diagnostic) share one signature.
+auto CopyBinding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Arg<ffi::AnyBuffer>()
+      .Ret<ffi::AnyBuffer>();
+}
 
-XLA_FFI_DEFINE_HANDLER(kWideCopyExecute, CopyExecute<LaunchWideCopy>,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>(),
+XLA_FFI_DEFINE_HANDLER(kCopyExecute, CopyExecute<LaunchCopy>, CopyBinding(),
+                       {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kWideCopyExecute, CopyExecute<LaunchWideCopy>, CopyBinding(),
                        {ffi::Traits::kCmdBufferCompatible});
 
 HandlerTable GetHandlers() {
