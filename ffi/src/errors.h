@@ -1,6 +1,7 @@
-// Host-side error checks shared by the set-up and benchmark code: a failed
-// CUDA or NCCL call becomes a std::runtime_error (a RuntimeError in Python)
-// naming the call. Never used on the execute path, which returns ffi::Error.
+// Host-side error checks shared by the set-up, tool and benchmark code: a
+// failed CUDA or NCCL call becomes a std::runtime_error (a RuntimeError in
+// Python) naming the call. Never used on the execute path, which returns
+// ffi::Error.
 #ifndef LLAR_ERRORS_H_
 #define LLAR_ERRORS_H_
 
@@ -26,6 +27,19 @@ inline void CheckNccl(ncclResult_t r, const char* what) {
          ncclGetLastError(nullptr) + ")");
   }
 }
+
+// Restores the caller's current CUDA device when it goes out of scope, also
+// when a check throws.
+class DeviceGuard {
+ public:
+  DeviceGuard() { cudaGetDevice(&prev_); }
+  ~DeviceGuard() { cudaSetDevice(prev_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = 0;
+};
 
 }  // namespace llar
 

@@ -1,25 +1,28 @@
-// XLA FFI handlers. Thin by design: decode, look up the device context, launch.
+// XLA FFI handlers of jax_llar_all_reduce. Thin by design: decode, look up
+// the device context, fill the argument block, launch.
 //
-// jax_llar_all_reduce (instantiate / execute):
-//   instantiate  checks the static attributes once per executable;
-//   execute      checks that the communicator has a member on this device and
-//                launches one kernel on XLA's stream: no allocation, no host
-//                synchronisation, no lock (the lookup is one atomic load).
-//   There is deliberately no initialize stage: XLA 0.11 runs a custom call's
-//   initialize stage on every execution of the program, building a call frame
-//   for each call site, also when the call sits in a command buffer. With it,
-//   a jitted chain of all-reduces cost 2.06-2.82 us per step over the copy
-//   call; without it, with the same kernel, 1.09-1.73 us (benchmarks/NOTES.md,
-//   entries 6-7). The check it made is the execute handler's first step.
-//   The execute handler carries kCmdBufferCompatible, so XLA captures it into
-//   its CUDA graph; everything that changes per call (epochs) lives in device
-//   memory and is advanced by the kernel.
-// jax_llar_copy: the trivial custom call used as XLA's own cost per step.
+//   instantiate  checks the static attributes once per executable: the
+//                communicator set exists in this process with the devices the
+//                program was lowered for, and `algorithm` names an entry of
+//                the launcher table (kernels/kernels.h).
+//   execute      launches one kernel on XLA's stream through that entry's
+//                launcher (or the device's diagnostic override, registry.h):
+//                no allocation, no host synchronisation, no lock (the lookup
+//                is one atomic load).
+//   There is deliberately no initialize stage: XLA runs a custom call's
+//   initialize stage on every execution of the program, also when the call
+//   sits in a command buffer, so any work there is paid per step
+//   (benchmarks/NOTES.md, entries 6-7). The execute handler carries
+//   kCmdBufferCompatible, so XLA captures it into its CUDA graph; everything
+//   that changes per call (epochs) lives in device memory and is advanced by
+//   the kernel.
+#include "handlers.h"
+
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <string>
 
-#include "handlers.h"
 #include "kernels/kernels.h"
 #include "llar/args.h"
 #include "registry.h"
@@ -29,14 +32,6 @@ namespace ffi = xla::ffi;
 
 namespace llar {
 namespace {
-
-ffi::Error CheckAlgorithm(int64_t algorithm) {
-  if (algorithm != static_cast<int64_t>(Algorithm::kOneShotLL)) {
-    return ffi::Error::InvalidArgument("jax_llar: unknown algorithm " +
-                                       std::to_string(algorithm));
-  }
-  return ffi::Error::Success();
-}
 
 bool ToDType(ffi::DataType t, DType* out) {
   switch (t) {
@@ -55,7 +50,11 @@ ffi::Error AllReduceInstantiate(int64_t comm_id, int64_t comm_key,
         " does not exist in this process with the devices this program was "
         "lowered for (was it compiled in another process?); lower it again here");
   }
-  return CheckAlgorithm(algorithm);
+  if (FindAlgorithm(algorithm) == nullptr) {
+    return ffi::Error::InvalidArgument("jax_llar: unknown algorithm " +
+                                       std::to_string(algorithm));
+  }
+  return ffi::Error::Success();
 }
 
 ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
@@ -68,41 +67,30 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
         "jax_llar: no communicator " + std::to_string(comm_id) +
         " on CUDA device " + std::to_string(ordinal));
   }
+  const AlgorithmEntry* entry = FindAlgorithm(algorithm);  // instantiate checked it
+  if (entry == nullptr) {
+    return ffi::Error::InvalidArgument("jax_llar: unknown algorithm " +
+                                       std::to_string(algorithm));
+  }
   DType dtype;
   if (!ToDType(x.element_type(), &dtype) || y->element_type() != x.element_type() ||
       y->size_bytes() != x.size_bytes()) {
     return ffi::Error::InvalidArgument("jax_llar: unsupported operand type or shape");
   }
-  if (x.size_bytes() > kOneShotMaxBytes) {
-    return ffi::Error::InvalidArgument("jax_llar: operand larger than the one-shot limit");
+  if (x.size_bytes() > entry->max_bytes) {
+    return ffi::Error::InvalidArgument(std::string("jax_llar: operand larger than the ") +
+                                       entry->name + " limit of " +
+                                       std::to_string(entry->max_bytes) + " bytes");
   }
   AllReduceArgs a = ctx->base;
   a.in = x.untyped_data();
   a.out = y->untyped_data();
-  a.n_bytes = static_cast<uint32_t>(x.size_bytes());  // <= kOneShotMaxBytes, checked above
-  if (ctx->drop_peer_writes.load(std::memory_order_relaxed) != 0) {
-    a.peer_writes = PeerWrites::kDrop;
-  }
-  OneShotOptions options;
-  options.trace = ctx->trace.load(std::memory_order_relaxed) != nullptr;
-  const cudaError_t e = LaunchOneShotLL(a, dtype, stream, options);
+  a.n_bytes = static_cast<uint32_t>(x.size_bytes());  // <= max_bytes, checked above
+  Launcher launch = ctx->launcher_override.load(std::memory_order_relaxed);
+  if (launch == nullptr) launch = entry->launch;
+  const cudaError_t e = launch(a, dtype, stream);
   if (e != cudaSuccess) {
     return ffi::Error::Internal(std::string("jax_llar: kernel launch failed: ") +
-                                cudaGetErrorString(e));
-  }
-  (void)algorithm;  // one algorithm today; checked at instantiate
-  return ffi::Error::Success();
-}
-
-template <cudaError_t (*Launch)(const void*, void*, uint64_t, cudaStream_t)>
-ffi::Error CopyExecute(cudaStream_t stream, ffi::AnyBuffer x,
-                       ffi::Result<ffi::AnyBuffer> y) {
-  if (y->size_bytes() != x.size_bytes()) {
-    return ffi::Error::InvalidArgument("jax_llar: copy needs equal sizes");
-  }
-  const cudaError_t e = Launch(x.untyped_data(), y->untyped_data(), x.size_bytes(), stream);
-  if (e != cudaSuccess) {
-    return ffi::Error::Internal(std::string("jax_llar: copy launch failed: ") +
                                 cudaGetErrorString(e));
   }
   return ffi::Error::Success();
@@ -127,24 +115,9 @@ XLA_FFI_DEFINE_HANDLER(kAllReduceExecute, AllReduceExecute,
                            .Attr<int64_t>("algorithm"),
                        {ffi::Traits::kCmdBufferCompatible});
 
-// The copy calls (plain and wide-parameter diagnostic) share one signature.
-auto CopyBinding() {
-  return ffi::Ffi::Bind()
-      .Ctx<ffi::PlatformStream<cudaStream_t>>()
-      .Arg<ffi::AnyBuffer>()
-      .Ret<ffi::AnyBuffer>();
-}
-
-XLA_FFI_DEFINE_HANDLER(kCopyExecute, CopyExecute<LaunchCopy>, CopyBinding(),
-                       {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER(kWideCopyExecute, CopyExecute<LaunchWideCopy>, CopyBinding(),
-                       {ffi::Traits::kCmdBufferCompatible});
-
-HandlerTable GetHandlers() {
+AllReduceHandlers GetAllReduceHandlers() {
   return {reinterpret_cast<void*>(kAllReduceInstantiate),
-          reinterpret_cast<void*>(kAllReduceExecute),
-          reinterpret_cast<void*>(kCopyExecute),
-          reinterpret_cast<void*>(kWideCopyExecute)};
+          reinterpret_cast<void*>(kAllReduceExecute)};
 }
 
 }  // namespace llar

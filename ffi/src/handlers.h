@@ -1,18 +1,18 @@
-// FFI handler entry points (defined in handlers.cc), handed to Python as
-// capsules by module.cc.
+// FFI handlers of the all-reduce (defined in handlers.cc), handed to Python
+// as capsules by module.cc.
 #ifndef LLAR_HANDLERS_H_
 #define LLAR_HANDLERS_H_
 
+#include "api.h"
+
 namespace llar {
 
-struct HandlerTable {
-  void* all_reduce_instantiate;
-  void* all_reduce_execute;
-  void* copy_execute;
-  void* wide_copy_execute;  // diagnostic twin of copy_execute (copy.cu)
+struct AllReduceHandlers {
+  void* instantiate;
+  void* execute;
 };
 
-HandlerTable GetHandlers();
+LLAR_API AllReduceHandlers GetAllReduceHandlers();
 
 }  // namespace llar
 

@@ -1,15 +1,19 @@
+// The peer addresses of a symmetric window (the core's reader; the tools
+// module reads its diagnostic window's with it too).
 #ifndef LLAR_LSA_POINTERS_H_
 #define LLAR_LSA_POINTERS_H_
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "api.h"
+
 namespace llar {
 
 // Fills host_out[0..n) with ncclGetLsaPointer(window, 0, peer) for every LSA
 // peer, as mapped on the current device. Synchronises the current device:
 // call at set-up only.
-cudaError_t ReadLsaPointers(ncclWindow_t window, int n, void** host_out);
+LLAR_API cudaError_t ReadLsaPointers(ncclWindow_t window, int n, void** host_out);
 
 }  // namespace llar
 

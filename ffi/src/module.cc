@@ -1,40 +1,33 @@
-// Python module `jax_llar._llar`: hands out FFI capsules and exposes the
-// communicator registry. No policy lives here; jax_llar/ decides.
+// Python module `jax_llar._llar`: hands out the all-reduce's FFI capsules and
+// exposes the communicator registry, nothing else (the kernel bench, the
+// speed-of-light probes, the call trace and the test hooks are in
+// jax_llar.tools._llar_tools, ffi/tools/). No policy lives here; jax_llar/
+// decides. Importing it makes no CUDA call.
 #include <nanobind/nanobind.h>
-#include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <vector>
 
 #include "handlers.h"
-#include "kernel_bench.h"
-#include "sol.h"
+#include "kernels/kernels.h"
 #include "llar/args.h"
 #include "registry.h"
 
 namespace nb = nanobind;
 
-namespace {
-
-nb::capsule Capsule(void* fn) { return nb::capsule(fn); }
-
-}  // namespace
-
 NB_MODULE(_llar, m) {
   m.doc() = "jax_llar CUDA extension: XLA FFI handlers and NCCL communicators.";
 
   m.def("registrations", []() {
-    const llar::HandlerTable h = llar::GetHandlers();
+    const llar::AllReduceHandlers h = llar::GetAllReduceHandlers();
     nb::dict all_reduce;
-    all_reduce["instantiate"] = Capsule(h.all_reduce_instantiate);
-    all_reduce["execute"] = Capsule(h.all_reduce_execute);
+    all_reduce["instantiate"] = nb::capsule(h.instantiate);
+    all_reduce["execute"] = nb::capsule(h.execute);
     nb::dict out;
     out["jax_llar_all_reduce"] = all_reduce;
-    out["jax_llar_copy"] = Capsule(h.copy_execute);
-    out["jax_llar_copy_wide"] = Capsule(h.wide_copy_execute);
     return out;
-  }, "Target name -> capsule (or dict of stage -> capsule).");
+  }, "Target name -> dict of FFI stage -> capsule.");
 
   m.def(
       "create_comm_set",
@@ -72,78 +65,20 @@ NB_MODULE(_llar, m) {
     return out;
   }, "Timeout reports written by bounded waits (host-mapped, survive a trap).");
 
-  m.def("set_epoch_for_testing", &llar::SetEpochForTesting, nb::arg("comm_id"),
-        nb::arg("epoch"));
-  m.def("set_drop_peer_writes_for_testing", &llar::SetDropPeerWritesForTesting,
-        nb::arg("comm_id"), nb::arg("device"), nb::arg("drop"));
-
-  m.def("enable_call_trace", &llar::EnableCallTrace, nb::arg("comm_id"),
-        "Start recording device timestamps of every call (args.h: kTraceSlots); "
-        "a diagnostic: call it while no other thread runs programs.");
-  m.def("disable_call_trace", &llar::DisableCallTrace, nb::arg("comm_id"),
-        "Stop recording device timestamps (the last buffer stays readable).");
-  m.def(
-      "read_call_trace",
-      [](int64_t comm_id, int32_t device) {
-        auto r = llar::ReadCallTrace(comm_id, device);
-        return nb::make_tuple(r.first, r.second);
-      },
-      nb::arg("comm_id"), nb::arg("device"),
-      "(calls so far, 2 * TRACE_SLOTS words of start/end ns); words empty when off.");
-  m.attr("TRACE_SLOTS") = llar::kTraceSlots;
-
-  m.def(
-      "kernel_bench",
-      [](int64_t comm_id, const std::string& impl, int dtype,
-         const std::vector<nb::bytes>& inputs, int iters, int reps) {
-        std::vector<std::vector<uint8_t>> in;
-        for (const auto& b : inputs) {
-          const auto* p = static_cast<const uint8_t*>(b.data());
-          in.emplace_back(p, p + b.size());
-        }
-        llar::KernelBenchResult r;
-        {
-          nb::gil_scoped_release release;
-          r = llar::RunKernelBench(comm_id, impl, static_cast<llar::DType>(dtype), in,
-                                   iters, reps);
-        }
-        nb::list outs;
-        for (const auto& o : r.outputs) {
-          outs.append(nb::bytes(reinterpret_cast<const char*>(o.data()), o.size()));
-        }
-        return nb::make_tuple(r.us_per_call, outs);
-      },
-      nb::arg("comm_id"), nb::arg("impl"), nb::arg("dtype"), nb::arg("inputs"),
-      nb::arg("iters"), nb::arg("reps"),
-      "Kernel-level benchmark: (per-rep per-rank us per call, per-rank outputs).");
-
-  m.def(
-      "sol",
-      [](const std::vector<int>& ordinals, int iters) {
-        llar::SolResult r;
-        {
-          nb::gil_scoped_release release;
-          r = llar::RunSol(ordinals, iters);
-        }
-        nb::dict d;
-        d["fence_ns"] = r.fence_ns;
-        d["fence_system_ns"] = r.fence_system_ns;
-        d["l2_chase_ns"] = r.l2_chase_ns;
-        d["remote_4b_ns"] = r.remote_4b_ns;
-        d["remote_ll_ns"] = r.remote_ll_ns;
-        d["fanout_ll_ns"] = r.fanout_ll_ns;
-        d["empty_kernel_graph_us"] = r.empty_kernel_graph_us;
-        return d;
-      },
-      nb::arg("ordinals"), nb::arg("iters"),
-      "Speed-of-light microbenchmarks on the given CUDA ordinals (ns / us).");
-
   m.def("nccl_runtime_version", &llar::NcclRuntimeVersion);
   m.def("nccl_compiled_version", &llar::NcclCompiledVersion);
   m.def("cuda_device_count", &llar::CudaDeviceCount);
   m.def("can_access_peer", &llar::CanAccessPeer);
 
+  // The algorithms (kernels/kernels.h): name -> FFI id, name -> largest
+  // payload per rank in bytes.
+  nb::dict algorithms, max_bytes;
+  for (int64_t id = 1; id < llar::kAlgorithmCount; ++id) {
+    const llar::AlgorithmEntry& e = llar::kAlgorithms[id];
+    algorithms[e.name] = id;
+    max_bytes[e.name] = e.max_bytes;
+  }
+  m.attr("ALGORITHMS") = algorithms;
+  m.attr("MAX_BYTES") = max_bytes;
   m.attr("MAX_RANKS") = llar::kMaxRanks;
-  m.attr("ONE_SHOT_MAX_BYTES") = llar::kOneShotMaxBytes;
-  m.attr("ALGORITHM_ONE_SHOT_LL") = static_cast<int>(llar::Algorithm::kOneShotLL);
 }

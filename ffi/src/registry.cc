@@ -4,6 +4,7 @@
 #include <nccl.h>
 #include <nccl_device.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -13,6 +14,7 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <string>
 
 #include "errors.h"
 #include "kernels/kernels.h"
@@ -40,8 +42,9 @@ struct CommSet {
   std::vector<std::unique_ptr<DeviceResources>> devices;
 };
 
-std::mutex g_mutex;                                   // guards creation and g_sets
+std::mutex g_mutex;                                   // guards creation, g_sets, g_preloads
 std::vector<std::unique_ptr<CommSet>> g_sets(1);      // index = comm id; 0 unused
+std::vector<cudaError_t (*)()> g_preloads;            // AddPreload
 std::array<std::array<std::atomic<const DeviceContext*>, kMaxOrdinals>,
            kMaxCommSets>
     g_table{};
@@ -59,15 +62,6 @@ void GroupedCalls(const char* what, F&& calls) {
   }
   CheckNccl(ncclGroupEnd(), what);
 }
-
-class DeviceGuard {  // restores the caller's current device
- public:
-  DeviceGuard() { cudaGetDevice(&prev_); }
-  ~DeviceGuard() { cudaSetDevice(prev_); }
-
- private:
-  int prev_ = 0;
-};
 
 void ValidateGroups(const std::vector<std::vector<int>>& groups) {
   if (groups.empty()) Fail("jax_llar: no replica groups given");
@@ -168,7 +162,7 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
     void* peers[kMaxRanks] = {};
     CheckCuda(ReadLsaPointers(d.window, n, peers), "reading LSA peer pointers");
     CheckCuda(PreloadOneShotLL(), "loading the one-shot kernels");
-    CheckCuda(PreloadCopy(), "loading the copy kernel");
+    for (auto preload : g_preloads) CheckCuda(preload(), "loading the tools' kernels");
 
     DeviceContext& c = d.context;
     c.ordinal = group[i];
@@ -186,7 +180,6 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
     c.base.world = static_cast<uint8_t>(n);
     c.base.epochs = d.state;
     c.base.peers = d.peers;
-    c.base.peer_writes = PeerWrites::kSend;
   }
   for (auto& d : devs) out.push_back(std::move(d));
 }
@@ -250,21 +243,6 @@ int64_t KeyOf(int64_t comm_id) {
   return KeyOfGroups(g_sets[comm_id]->groups);
 }
 
-std::vector<std::vector<int>> GroupsOf(int64_t comm_id) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) return {};
-  return g_sets[comm_id]->groups;
-}
-
-void* NcclCommOf(int64_t comm_id, int32_t ordinal) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) return nullptr;
-  for (const auto& d : g_sets[comm_id]->devices) {
-    if (d->context.ordinal == ordinal) return d->comm;
-  }
-  return nullptr;
-}
-
 std::vector<ErrorReport> ErrorReports() {
   std::lock_guard<std::mutex> lock(g_mutex);
   std::vector<ErrorReport> out;
@@ -278,87 +256,51 @@ std::vector<ErrorReport> ErrorReports() {
   return out;
 }
 
-void SetEpochForTesting(int64_t comm_id, uint64_t epoch) {
+std::vector<std::vector<Member>> MembersOf(int64_t comm_id) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) {
-    Fail("jax_llar: unknown communicator set " + std::to_string(comm_id));
-  }
-  DeviceGuard guard;
-  CommSet& set = *g_sets[comm_id];
-  for (const auto& d : set.devices) {
-    CheckCuda(cudaSetDevice(d->context.ordinal), "cudaSetDevice");
-    CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  }
-  for (const auto& d : set.devices) {
-    CheckCuda(cudaSetDevice(d->context.ordinal), "cudaSetDevice");
-    std::vector<uint64_t> epochs(kEpochCounters, epoch);
-    CheckCuda(cudaMemcpy(d->state, epochs.data(), sizeof(uint64_t) * kEpochCounters,
-                         cudaMemcpyHostToDevice),
-              "cudaMemcpy(epochs)");
-    CheckCuda(cudaMemset(d->scratch, 0, ScratchBytes(d->context.world)),
-              "cudaMemset(scratch)");
-    CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  }
-}
-
-void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop) {
-  const DeviceContext* c = Lookup(comm_id, ordinal);
-  if (c == nullptr) Fail("jax_llar: no such communicator/device");
-  const_cast<DeviceContext*>(c)->drop_peer_writes.store(
-      drop ? 1 : 0, std::memory_order_relaxed);
-}
-
-namespace {
-
-// Points every device's peer table of `comm_id` at `on ? its trace buffer :
-// nullptr`, with the devices synchronised before and after.
-void SetCallTrace(int64_t comm_id, bool on) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size()) || !g_sets[comm_id]) {
-    Fail("jax_llar: no such communicator set");
-  }
-  DeviceGuard guard;
-  for (const auto& d : g_sets[comm_id]->devices) {
-    DeviceContext& c = d->context;
-    CheckCuda(cudaSetDevice(c.ordinal), "cudaSetDevice");
-    CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    const size_t bytes = sizeof(uint64_t) * 2 * kTraceSlots;
-    if (on && c.trace_buffer == nullptr) {
-      CheckCuda(cudaMalloc(&c.trace_buffer, bytes), "cudaMalloc(trace)");
+  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) return {};
+  const CommSet& set = *g_sets[comm_id];
+  std::vector<std::vector<Member>> out;
+  size_t next = 0;  // set.devices holds the groups' devices in order
+  for (const auto& g : set.groups) {
+    std::vector<Member> members;
+    for (size_t i = 0; i < g.size(); ++i, ++next) {
+      const DeviceResources& d = *set.devices[next];
+      members.push_back({d.context.ordinal, d.context.rank, d.context.world, d.comm,
+                         d.scratch, ScratchBytes(d.context.world), &d.context});
     }
-    if (on) CheckCuda(cudaMemset(c.trace_buffer, 0, bytes), "cudaMemset(trace)");
-    uint64_t* ptr = on ? c.trace_buffer : nullptr;
-    CheckCuda(cudaMemcpy(reinterpret_cast<char*>(d->peers) + offsetof(PeerTable, trace),
-                         &ptr, sizeof(ptr), cudaMemcpyHostToDevice),
-              "cudaMemcpy(trace pointer)");
-    CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    c.trace.store(ptr);
+    out.push_back(std::move(members));
   }
+  return out;
 }
 
-}  // namespace
-
-void EnableCallTrace(int64_t comm_id) { SetCallTrace(comm_id, true); }
-void DisableCallTrace(int64_t comm_id) { SetCallTrace(comm_id, false); }
-
-std::pair<uint64_t, std::vector<uint64_t>> ReadCallTrace(int64_t comm_id,
-                                                         int32_t ordinal) {
-  const DeviceContext* c = Lookup(comm_id, ordinal);
-  if (c == nullptr) Fail("jax_llar: no such communicator/device");
-  DeviceGuard guard;
-  CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
-  CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  uint64_t epoch = 0;
-  CheckCuda(cudaMemcpy(&epoch, c->base.epochs, sizeof(epoch), cudaMemcpyDeviceToHost),
-            "cudaMemcpy(epoch)");
-  std::vector<uint64_t> words;
-  if (uint64_t* buf = c->trace_buffer; buf != nullptr) {
-    words.resize(2 * kTraceSlots);
-    CheckCuda(cudaMemcpy(words.data(), buf, sizeof(uint64_t) * words.size(),
-                         cudaMemcpyDeviceToHost),
-              "cudaMemcpy(trace)");
+void SetLauncherOverride(int64_t comm_id, int32_t ordinal, Launcher launcher) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (comm_id > 0 && comm_id < static_cast<int64_t>(g_sets.size())) {
+    for (const auto& d : g_sets[comm_id]->devices) {
+      if (d->context.ordinal == ordinal) {
+        // The only field of a published context that changes; the execute
+        // handler reads it with one relaxed load.
+        d->context.launcher_override.store(launcher, std::memory_order_relaxed);
+        return;
+      }
+    }
   }
-  return {epoch, std::move(words)};
+  Fail("jax_llar: communicator set " + std::to_string(comm_id) +
+       " has no member on CUDA device " + std::to_string(ordinal));
+}
+
+void AddPreload(cudaError_t (*preload)()) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (std::find(g_preloads.begin(), g_preloads.end(), preload) != g_preloads.end()) return;
+  DeviceGuard guard;
+  for (size_t id = 1; id < g_sets.size(); ++id) {
+    for (const auto& d : g_sets[id]->devices) {
+      CheckCuda(cudaSetDevice(d->context.ordinal), "cudaSetDevice");
+      CheckCuda(preload(), "loading the tools' kernels");
+    }
+  }
+  g_preloads.push_back(preload);
 }
 
 int NcclRuntimeVersion() {

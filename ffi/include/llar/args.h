@@ -3,6 +3,9 @@
 // Nothing in this header knows about XLA, NCCL or Python: it fixes the
 // geometry of the symmetric scratch, the kernel argument block and the error
 // record that a bounded wait fills in before it fails the call.
+//
+// Names: `world` is the number of ranks of a replica group, what NCCL calls
+// `nRanks`; `rank` is a device's index in its group, NCCL's `rank`.
 #ifndef LLAR_ARGS_H_
 #define LLAR_ARGS_H_
 
@@ -22,7 +25,8 @@ namespace llar {
 inline constexpr int kMaxRanks = 16;
 
 // One-shot LL geometry. Every block of the kernel owns a fixed region of the
-// scratch (see ll.cuh for why a block, not the grid, owns the epoch).
+// scratch, and each of its warps 32 lines of that region with an epoch
+// counter of its own (epoch.cuh).
 inline constexpr int kMaxBlocks = 64;          // blocks per call, at most
 inline constexpr int kLinesPerBlock = 512;     // LL lines per block and source rank
 inline constexpr int kLineBytes = 16;          // {d0, flag, d1, flag}
@@ -37,49 +41,32 @@ inline constexpr int kEpochCounters = kMaxBlocks * kMaxWarps;
 inline constexpr std::size_t kOneShotMaxBytes =
     std::size_t(kMaxBlocks) * kLinesPerBlock * kPayloadBytesPerLine;
 
-// Bytes of the protocol's symmetric scratch per rank for a group of `world`
-// ranks: two halves (epoch parity) x blocks x source ranks x lines x 16 B.
-constexpr std::size_t ProtocolScratchBytes(int world) {
+// Bytes of symmetric scratch per rank for a group of `world` ranks: two
+// halves (epoch parity) x blocks x source ranks x lines x 16 B. This is all
+// the scratch a communicator allocates.
+constexpr std::size_t ScratchBytes(int world) {
   return std::size_t(2) * kMaxBlocks * std::size_t(world) * kLinesPerBlock *
          kLineBytes;
 }
 
-// A diagnostic area follows the protocol scratch: the kernel bench's
-// send-and-loopback variant (PeerWrites::kSendLoopback) stores its remote lines
-// there, where no kernel ever reads, so that it sends what the all-reduce
-// sends over every link without touching any slot the protocol polls. (With
-// more than two ranks the peers' lines land on the same diagnostic lines of a
-// rank; the bytes per link are still those of the all-reduce.)
-inline constexpr std::size_t kDiagBytes =
-    std::size_t(kMaxBlocks) * kLinesPerBlock * kLineBytes;
-
-// Bytes of symmetric scratch allocated per rank: protocol scratch + diagnostic area.
-constexpr std::size_t ScratchBytes(int world) {
-  return ProtocolScratchBytes(world) + kDiagBytes;
-}
-
 // Byte offset of line `line` of block `block`, sent by rank `src`, in half
 // `half` of a rank's scratch. Computed in 32 bits (the largest offset,
-// ProtocolScratchBytes(kMaxRanks), is 16 MiB): fewer instructions before the
-// first store than 64-bit arithmetic.
+// ScratchBytes(kMaxRanks), is 16 MiB): fewer instructions before the first
+// store than 64-bit arithmetic.
 LLAR_HOST_DEVICE constexpr std::size_t ScratchOffset(int half, int block,
-                                                        int world, int src,
-                                                        int line) {
+                                                     int world, int src,
+                                                     int line) {
   return std::size_t(
       (((uint32_t(half) * kMaxBlocks + uint32_t(block)) * uint32_t(world) +
         uint32_t(src)) * kLinesPerBlock + uint32_t(line)) * kLineBytes);
 }
-static_assert(ProtocolScratchBytes(kMaxRanks) <= (std::size_t(1) << 31),
+static_assert(ScratchBytes(kMaxRanks) <= (std::size_t(1) << 31),
               "ScratchOffset's 32-bit arithmetic");
-
-// Byte offset of line `line` of block `block` in a rank's diagnostic area.
-LLAR_HOST_DEVICE constexpr std::size_t DiagOffset(int world, int block, int line) {
-  return ProtocolScratchBytes(world) +
-         (std::size_t(block) * kLinesPerBlock + std::size_t(line)) * kLineBytes;
-}
 
 enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
 
+// The FFI attribute `algorithm`; the execute handler's launcher table
+// (kernels/kernels.h) is indexed by it.
 enum class Algorithm : int32_t { kOneShotLL = 1 };
 
 // Filled by the first thread whose bounded wait runs out, in host-mapped
@@ -97,44 +84,29 @@ struct ErrorRecord {
   uint64_t waited_ns;      // time spent waiting when it gave up
 };
 
-// What a kernel needs of its communicator beyond its parameters, in device
-// memory. The host writes it when the communicator is created and rewrites
-// only `trace` (EnableCallTrace / DisableCallTrace, with the devices
-// synchronised), never while a kernel runs, so kernels read it through the
-// read-only cache.
+// One device's view of its communicator, in device memory: the part of
+// NCCL's device communicator (`ncclDevComm`) that these kernels use, already
+// resolved. Where a kernel on `ncclDevComm` asks `ncclGetLsaPointer(window,
+// offset, peer)` for a peer's address, this table holds the answer for every
+// peer (read once at set-up, lsa_pointers.h), so the kernel's first stores
+// wait for one load, not for NCCL's address arithmetic. It adds what NCCL's
+// struct has no place for: the error record and the bound on every wait.
+// The host writes it when the communicator is created and afterwards only
+// `trace` (with the devices synchronised), never while a kernel runs, so
+// kernels read it through the read-only cache.
 struct PeerTable {
   char* scratch[kMaxRanks];        // every rank's scratch, as mapped on this device
   ErrorRecord* error;              // host-mapped, device-visible
   int32_t* error_claim;            // device word: the first failing thread claims the record
   uint64_t timeout_ns;             // bound on every wait
-  uint64_t* trace;                 // nullptr, or the call trace (kTraceSlots entries)
-};
-
-// Call trace (off unless enabled): thread 0 of block 0 of each call stores
-// the time its lines were sent and the time block 0 finished (%globaltimer,
-// ns; the trace variant waits for all of block 0's warps before it reads the
-// clock) in entry (epoch % kTraceSlots), with the epoch of warp 0 of block 0,
-// two words per entry: device timestamps of the last calls without a profiler.
-inline constexpr int kTraceSlots = 4096;
-
-// What the kernel does with its lines (kSend is the all-reduce). The host
-// picks the kernel variant from this field; the kernel itself never reads it.
-enum class PeerWrites : int32_t {
-  kSend = 0,          // store into every peer's scratch
-  kDrop = 1,          // test hook (F13): never store to peers
-  kLoopback = 2,      // diagnostic (kernel bench): store into this rank's own
-                      // scratch, in every peer's slot: the kernel without the network
-  kSendLoopback = 3,  // diagnostic (kernel bench): kLoopback, plus the same
-                      // stores into every peer's diagnostic area (never read):
-                      // what outstanding remote stores cost without waiting on a peer
+  uint64_t* trace;                 // the call trace's buffer (ffi/tools): null unless
+                                   // a tool enabled it; the all-reduce never reads it
 };
 
 // Kernel parameters, passed by value (48 bytes). What the first instructions
 // need (epochs, rank, world) is here; the peer addresses come from the
-// PeerTable, loaded while the epoch and payload loads are in flight. With the
-// addresses in a 208-byte block instead, the kernel was about 0.1 us slower
-// per call; the block's size itself did not change XLA's cost per step
-// (benchmarks/NOTES.md).
+// PeerTable, loaded while the epoch and payload loads are in flight
+// (benchmarks/NOTES.md, entry 3).
 struct AllReduceArgs {
   const void* in;
   void* out;
@@ -146,8 +118,7 @@ struct AllReduceArgs {
                                    // (the launcher fills it in)
   uint16_t lines_per_block;        // <= kLinesPerBlock (the launcher fills it in)
   uint8_t rank;
-  uint8_t world;
-  PeerWrites peer_writes;          // selects the kernel variant (host only)
+  uint8_t world;                   // number of ranks (NCCL's nRanks)
 };
 static_assert(sizeof(AllReduceArgs) == 48, "kernel parameter block grew");
 

@@ -17,6 +17,9 @@
 //   counters, so a call replayed from a CUDA graph (where no host code runs)
 //   is correct. A counter per warp rather than per block means the block
 //   needs no barrier at all: each warp only waits for its own lanes.
+//   LLSession (ll_session.cuh) is the one place that reads, advances and
+//   re-zeroes; benchmarks/NOTES.md, entry 14, has the history of per-warp
+//   counters and of advancing right after the sends.
 //
 // Why no barrier is needed (reuse argument)
 //   Fix warp w. Its epoch E stands for the same call on every rank (the E-th

@@ -1,4 +1,4 @@
-// Speed-of-light microbenchmarks (BENCHMARK.md level 4; the model of arXiv
+// Speed-of-light microbenchmarks (benchmarks/METHOD.md; the model of arXiv
 // 2607.16100: L_SoL = 2 * L_L2 + L_remote_store). One thread per measurement,
 // device timestamps from %globaltimer, every wait bounded.
 #include "sol.h"

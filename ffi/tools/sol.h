@@ -1,8 +1,8 @@
 // Speed-of-light microbenchmarks: the latencies the one-shot all-reduce is
-// built from (BENCHMARK.md level 4). Set-up and measurement only; enables
-// peer access between the given devices.
-#ifndef LLAR_SOL_H_
-#define LLAR_SOL_H_
+// built from (benchmarks/METHOD.md, speed of light). Set-up and measurement
+// only; enables peer access between the given devices.
+#ifndef LLAR_TOOLS_SOL_H_
+#define LLAR_TOOLS_SOL_H_
 
 #include <vector>
 
@@ -23,4 +23,4 @@ SolResult RunSol(const std::vector<int>& ordinals, int iters);
 
 }  // namespace llar
 
-#endif  // LLAR_SOL_H_
+#endif  // LLAR_TOOLS_SOL_H_

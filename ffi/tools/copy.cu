@@ -1,10 +1,9 @@
-// Trivial custom call (impl name `xla.custom_call_copy` in the benchmarks):
-// copies its operand to its result. It is registered exactly like the
-// all-reduce, so a chain of it measures what XLA charges per custom call step
-// before any communication (BENCHMARK.md, JAX level).
+// The copy kernels (copy.h).
+#include "copy.h"
+
 #include <cuda_runtime.h>
 
-#include "kernels.h"
+#include <cstdint>
 
 namespace llar {
 namespace {
@@ -31,10 +30,6 @@ __global__ void CopyKernel(const char* __restrict__ in, char* __restrict__ out,
   CopyBody(in, out, n_bytes);
 }
 
-// Diagnostic twin (impl diag.custom_call_copy_wide): the same copy with a
-// 208-byte parameter block, the size of the one-shot kernel's parameters
-// before they moved into a device-memory peer table. The difference between
-// the two copies at the JAX level is what parameter bytes cost XLA's graph.
 struct WideCopyArgs {
   const char* in;
   char* out;
@@ -45,8 +40,6 @@ static_assert(sizeof(WideCopyArgs) == 208, "wide copy parameter block");
 
 __global__ void WideCopyKernel(const WideCopyArgs a) { CopyBody(a.in, a.out, a.n_bytes); }
 
-}  // namespace
-
 constexpr uint32_t kCopyThreads = 256;
 
 uint32_t CopyBlocks(uint64_t n_bytes) {
@@ -55,6 +48,8 @@ uint32_t CopyBlocks(uint64_t n_bytes) {
   if (blocks > 1024) blocks = 1024;
   return static_cast<uint32_t>(blocks);
 }
+
+}  // namespace
 
 cudaError_t LaunchCopy(const void* in, void* out, uint64_t n_bytes,
                        cudaStream_t stream) {

@@ -5,13 +5,22 @@
 
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "copy.h"
+#include "diag_window.h"
 #include "errors.h"
 #include "kernels/kernels.h"
+#include "one_shot_ll_diag.h"
+#include "preload.h"
 #include "registry.h"
 
 namespace llar {
 namespace {
+
+[[noreturn]] void BadArgument(const std::string& what) {
+  throw std::invalid_argument("jax_llar kernel bench: " + what);
+}
 
 ncclDataType_t NcclType(DType d) {
   switch (d) {
@@ -20,6 +29,56 @@ ncclDataType_t NcclType(DType d) {
     case DType::kF16: return ncclFloat16;
   }
   return ncclFloat32;
+}
+
+enum class Kind { kOneShotLL, kCopy, kNccl };
+
+// What one rank launches per call of a one_shot_ll kind.
+struct OneShotPlan {
+  bool diagnostic = false;  // else the production launcher
+  DiagVariant variant = DiagVariant::kLoopback;
+  OneShotOptions options;
+};
+
+Kind ParseSpec(const KernelBenchSpec& spec, OneShotPlan* plan) {
+  Kind kind;
+  if (spec.kind == "one_shot_ll") {
+    kind = Kind::kOneShotLL;
+  } else if (spec.kind == "copy") {
+    kind = Kind::kCopy;
+  } else if (spec.kind == "nccl") {
+    kind = Kind::kNccl;
+  } else {
+    BadArgument("unknown kind '" + spec.kind + "' (one_shot_ll, copy or nccl)");
+  }
+  if (kind != Kind::kOneShotLL) {
+    if (!spec.variant.empty() || spec.generic || spec.block_lines != 0) {
+      BadArgument("variant, generic and block_lines apply to kind one_shot_ll only");
+    }
+    return kind;
+  }
+  if (spec.block_lines > static_cast<uint32_t>(kLinesPerBlock)) {
+    BadArgument("block_lines must be 0 (the production rule) or 1-" +
+                std::to_string(kLinesPerBlock));
+  }
+  plan->options.generic = spec.generic;
+  plan->options.block_lines = spec.block_lines;
+  if (spec.variant.empty()) {
+    plan->diagnostic = false;
+  } else if (spec.variant == "loopback") {
+    plan->diagnostic = true;
+    plan->variant = DiagVariant::kLoopback;
+  } else if (spec.variant == "send_loopback") {
+    plan->diagnostic = true;
+    plan->variant = DiagVariant::kSendLoopback;
+  } else if (spec.variant == "traced") {
+    plan->diagnostic = true;
+    plan->variant = DiagVariant::kTraced;
+  } else {
+    BadArgument("unknown variant '" + spec.variant +
+                "' ('', loopback, send_loopback or traced)");
+  }
+  return kind;
 }
 
 struct Rank {
@@ -34,65 +93,46 @@ struct Rank {
 
 }  // namespace
 
-KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
-                                 DType dtype,
+KernelBenchResult RunKernelBench(int64_t comm_id, const KernelBenchSpec& spec, DType dtype,
                                  const std::vector<std::vector<uint8_t>>& inputs,
                                  int iters, int reps) {
-  const auto groups = GroupsOf(comm_id);
-  if (groups.empty()) throw std::runtime_error("jax_llar kernel bench: unknown comm set");
-  const std::vector<int>& group = groups[0];
+  OneShotPlan plan;
+  const Kind kind = ParseSpec(spec, &plan);
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
+    BadArgument("unknown dtype code " + std::to_string(static_cast<int>(dtype)));
+  }
+  if (iters < 1 || reps < 1) BadArgument("iters and reps must be positive");
+  const auto groups = MembersOf(comm_id);
+  if (groups.empty()) BadArgument("unknown communicator set " + std::to_string(comm_id));
+  const std::vector<Member>& group = groups[0];
   const int n = static_cast<int>(group.size());
-  if (static_cast<int>(inputs.size()) != n) {
-    throw std::runtime_error("jax_llar kernel bench: need one input per rank");
-  }
+  if (static_cast<int>(inputs.size()) != n) BadArgument("need one input per rank");
   const size_t bytes = inputs[0].size();
+  for (const auto& x : inputs) {
+    if (x.size() != bytes) BadArgument("the inputs differ in size");
+  }
   const size_t elem = dtype == DType::kF32 ? 4 : 2;
-  if (impl.rfind("one_shot_ll", 0) == 0 && bytes > kOneShotMaxBytes) {
-    throw std::runtime_error("jax_llar kernel bench: larger than the one-shot limit");
+  if (kind == Kind::kOneShotLL && bytes > kOneShotMaxBytes) {
+    BadArgument("larger than the one-shot limit");
   }
-  // one_shot_ll[_loopback|_send_loopback|_traced|_generic][_b<lines per block>]
-  OneShotOptions options;
-  PeerWrites writes = PeerWrites::kSend;
-  if (impl.rfind("one_shot_ll", 0) == 0) {
-    std::string rest = impl.substr(std::string("one_shot_ll").size());
-    // An optional trailing _b<1-3 digits>: the grid rule's lines per block.
-    const size_t b = rest.rfind("_b");
-    if (b != std::string::npos && b + 2 < rest.size() && rest.size() - b - 2 <= 3 &&
-        rest.find_first_not_of("0123456789", b + 2) == std::string::npos) {
-      const unsigned long lines = std::stoul(rest.substr(b + 2));
-      if (lines == 0 || lines > static_cast<unsigned long>(kLinesPerBlock)) {
-        throw std::runtime_error("jax_llar kernel bench: lines per block must be 1-" +
-                                 std::to_string(kLinesPerBlock) + " in " + impl);
-      }
-      options.block_lines = static_cast<uint32_t>(lines);
-      rest = rest.substr(0, b);
-    }
-    if (rest == "_loopback") {
-      writes = PeerWrites::kLoopback;
-    } else if (rest == "_send_loopback") {
-      writes = PeerWrites::kSendLoopback;
-    } else if (rest == "_traced") {
-      options.trace = true;
-    } else if (rest == "_generic") {
-      options.generic = true;
-    } else if (!rest.empty()) {
-      throw std::runtime_error("jax_llar kernel bench: unknown impl " + impl);
-    }
-  } else if (impl != "copy" && impl != "nccl") {
-    throw std::runtime_error("jax_llar kernel bench: unknown impl " + impl);
+  // The kernels the bench may launch are loaded before it captures them.
+  EnsureToolKernelsPreloaded();
+  std::vector<const PeerTable*> diag_tables;
+  if (kind == Kind::kOneShotLL && plan.diagnostic &&
+      plan.variant == DiagVariant::kSendLoopback) {
+    diag_tables = SendLoopbackTables(comm_id);
   }
-  int prev = 0;
-  cudaGetDevice(&prev);
+  DeviceGuard guard;
   // The bench advances the set's epoch counters: nothing else may be running
   // on these devices (XLA programs using the same set) while it does.
-  for (int d : group) {
-    CheckCuda(cudaSetDevice(d), "cudaSetDevice");
+  for (const Member& m : group) {
+    CheckCuda(cudaSetDevice(m.ordinal), "cudaSetDevice");
     CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   std::vector<Rank> ranks(n);
   for (int r = 0; r < n; ++r) {
     Rank& k = ranks[r];
-    k.ordinal = group[r];
+    k.ordinal = group[r].ordinal;
     CheckCuda(cudaSetDevice(k.ordinal), "cudaSetDevice");
     CheckCuda(cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking), "stream");
     CheckCuda(cudaMalloc(&k.in, bytes + 16), "cudaMalloc");
@@ -109,12 +149,11 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
     CheckCuda(cudaStreamBeginCapture(ranks[r].stream, cudaStreamCaptureModeRelaxed), "capture");
   }
   for (int i = 0; i < iters; ++i) {
-    if (impl == "nccl") {
+    if (kind == Kind::kNccl) {
       CheckNccl(ncclGroupStart(), "ncclGroupStart");
       for (int r = 0; r < n; ++r) {
         CheckNccl(ncclAllReduce(ranks[r].in, ranks[r].out, bytes / elem, NcclType(dtype),
-                                ncclSum, static_cast<ncclComm_t>(NcclCommOf(comm_id, ranks[r].ordinal)),
-                                ranks[r].stream),
+                                ncclSum, group[r].comm, ranks[r].stream),
                   "ncclAllReduce");
       }
       CheckNccl(ncclGroupEnd(), "ncclGroupEnd");
@@ -122,23 +161,20 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
     }
     for (int r = 0; r < n; ++r) {
       CheckCuda(cudaSetDevice(ranks[r].ordinal), "cudaSetDevice");
-      if (impl == "copy") {
+      if (kind == Kind::kCopy) {
         CheckCuda(LaunchCopy(ranks[r].in, ranks[r].out, bytes, ranks[r].stream), "copy launch");
-      } else {
-        const DeviceContext* c = Lookup(comm_id, ranks[r].ordinal);
-        AllReduceArgs a = c->base;
-        a.in = ranks[r].in;
-        a.out = ranks[r].out;
-        a.n_bytes = static_cast<uint32_t>(bytes);
-        // Loopback: the same kernel with every peer store sent to this rank's
-        // own scratch; what it costs over the copy kernel is the kernel's own
-        // work, and one_shot_ll minus loopback is what the network adds.
-        // Send-and-loopback: loopback plus the remote stores (never read).
-        // Traced: the call-trace variant (its trace pointer may be null).
-        // Generic: the run-time world-size variant.
-        a.peer_writes = writes;
-        CheckCuda(LaunchOneShotLL(a, dtype, ranks[r].stream, options), "one-shot launch");
+        continue;
       }
+      AllReduceArgs a = group[r].context->base;
+      a.in = ranks[r].in;
+      a.out = ranks[r].out;
+      a.n_bytes = static_cast<uint32_t>(bytes);
+      if (!diag_tables.empty()) a.peers = diag_tables[r];
+      const cudaError_t e =
+          plan.diagnostic
+              ? LaunchOneShotLLDiag(plan.variant, a, dtype, ranks[r].stream, plan.options)
+              : LaunchOneShotLLWith(a, dtype, ranks[r].stream, plan.options);
+      CheckCuda(e, "one-shot launch");
     }
   }
   for (int r = 0; r < n; ++r) {
@@ -184,7 +220,6 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const std::string& impl,
     cudaFree(k.out);
     cudaStreamDestroy(k.stream);
   }
-  cudaSetDevice(prev);
   return result;
 }
 

@@ -1,0 +1,154 @@
+// One-shot LL all-reduce (arXiv 2607.16100, section 4.1): the kernel template
+// and its launcher. one_shot_ll.cu instantiates the production all-reduce;
+// the diagnostic variants are instantiated beside the kernel bench
+// (ffi/tools/one_shot_ll_diag.cu).
+//
+// Every rank stores its payload, packed in LL lines (ll.cuh), into its slot of
+// every peer's symmetric scratch; then it polls its own scratch for each
+// peer's lines and reduces all ranks in rank order (reduce.cuh). There is no
+// barrier at entry or exit: scratch reuse is proven by the epoch protocol
+// (epoch.cuh), and every wait is bounded (wait.cuh). LLSession
+// (ll_session.cuh) applies those rules; the kernel is the algorithm's steps.
+//
+// Work split: thread t of block b owns line b * lines_per_block + t. One line
+// is 8 payload bytes; a 4 KiB tensor is 512 lines (grid rule: OneShotGridFor).
+//
+// Template parameters:
+//   T        float, __nv_bfloat16 or __half.
+//   kWorld   2, 4 or 8: the number of ranks known at compile time (loops
+//            unrolled, peer addresses loaded with the first loads, float
+//            accumulation for 2 ranks, see reduce.cuh); 0: any number of
+//            ranks, read at run time.
+//   Variant  what the kernel does with its lines and what it records. A
+//            variant is constructed once per thread, as
+//            Variant(args, block, thread), after the session, and provides
+//              Send(session, active, payload)  calls session.Send, with its
+//                                              own `store` if it sends
+//                                              elsewhere (ll_session.cuh)
+//              End(session)                    after session.End()
+//            AllReduce below is the production one and adds no instruction;
+//            the diagnostic ones live in ffi/tools (benchmarks/NOTES.md,
+//            entry 9).
+// Everything off the fast path (byte-wise tail lines, the timeout report, the
+// epoch re-zeroing) is out of line, so the hot instructions stay together
+// (benchmarks/NOTES.md, entry 11).
+#ifndef LLAR_KERNELS_ONE_SHOT_LL_CUH_
+#define LLAR_KERNELS_ONE_SHOT_LL_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/kernels.h"
+#include "llar/args.h"
+#include "llar/ll_session.cuh"
+#include "llar/reduce.cuh"
+
+namespace llar {
+
+// The all-reduce: every line goes to every peer.
+struct AllReduce {
+  __device__ __forceinline__ AllReduce(const AllReduceArgs&, int, int) {}
+  template <int kWorld>
+  __device__ __forceinline__ void Send(LLSession<kWorld>& ll, bool active, uint2 payload) {
+    ll.Send(active, payload);
+  }
+  template <int kWorld>
+  __device__ __forceinline__ void End(const LLSession<kWorld>&) {}
+};
+
+template <typename T, int kWorld, typename Variant>
+__global__ void __launch_bounds__(kMaxThreads) OneShotLLKernel(const AllReduceArgs a) {
+  constexpr int kUnroll = kWorld > 0 ? kWorld : 1;
+  const int block = blockIdx.x;
+  const int t = threadIdx.x;
+  LLSession<kWorld> ll(a, block, t);  // loads the warp's epoch and the scratch addresses
+  Variant variant(a, block, t);
+
+  const uint32_t line = block * a.lines_per_block + t;
+  const uint32_t lines = (a.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
+  const bool active = t < static_cast<int>(a.lines_per_block) && line < lines;
+  uint2 mine = {0u, 0u};
+  if (active) mine = LoadPayload(a.in, a.n_bytes, a.vector_lines, line);
+
+  variant.Send(ll, active, mine);  // and advance the warp's epoch
+
+  if (active) {
+    // Receive and reduce in rank order; store.
+    RankOrderSum<T, AccumulatorFor<kWorld>> sum;
+#pragma unroll kUnroll
+    for (int src = 0; src < ll.world(); ++src) {
+      uint2 p = mine;
+      if (src != ll.rank()) p = ll.Recv(src);
+      sum.Add(src, p);
+    }
+    StorePayload(a.out, a.n_bytes, a.vector_lines, line, sum.Result());
+  }
+  ll.End();
+  variant.End(ll);
+}
+
+// Host side: the kernels of one variant, compiled for the world sizes
+// kWorlds... and for any world size (kWorld = 0), picked by dtype and the
+// group's number of ranks.
+template <typename Variant, int... kWorlds>
+struct OneShotLLKernels {
+  using Kernel = void (*)(AllReduceArgs);
+
+  template <typename T>
+  static Kernel ForWorld(int world) {
+    Kernel k = OneShotLLKernel<T, 0, Variant>;
+    ((world == kWorlds ? (k = OneShotLLKernel<T, kWorlds, Variant>, 0) : 0), ...);
+    return k;
+  }
+
+  static Kernel For(DType dtype, int world) {
+    switch (dtype) {
+      case DType::kF32: return ForWorld<float>(world);
+      case DType::kBF16: return ForWorld<__nv_bfloat16>(world);
+      case DType::kF16: return ForWorld<__half>(world);
+    }
+    return nullptr;
+  }
+
+  // Fills in the grid-dependent fields of `a` and launches; a.world picks the
+  // kernel unless options.generic asks for the run-time one.
+  static cudaError_t Launch(AllReduceArgs a, DType dtype, cudaStream_t stream,
+                            const OneShotOptions& options) {
+    if (a.n_bytes == 0) return cudaSuccess;
+    if (a.n_bytes > kOneShotMaxBytes || a.world < 2 || a.world > kMaxRanks ||
+        a.rank >= a.world || a.peers == nullptr || a.epochs == nullptr) {
+      return cudaErrorInvalidValue;
+    }
+    const uint32_t lines = (a.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
+    const bool aligned =
+        ((reinterpret_cast<uintptr_t>(a.in) | reinterpret_cast<uintptr_t>(a.out)) &
+         (kPayloadBytesPerLine - 1)) == 0;
+    a.vector_lines = aligned ? a.n_bytes / kPayloadBytesPerLine : 0;
+    const OneShotGrid g = OneShotGridFor(lines, options.block_lines);
+    a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
+    const Kernel fn = For(dtype, options.generic ? 0 : a.world);
+    if (fn == nullptr) return cudaErrorInvalidValue;
+    fn<<<g.blocks, g.threads, 0, stream>>>(a);
+    return cudaGetLastError();
+  }
+
+  // Loads every kernel of the variant on the current device.
+  static cudaError_t Preload() {
+    cudaFuncAttributes attr;
+    for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (int world : {0, kWorlds...}) {
+        const cudaError_t e =
+            cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(For(d, world)));
+        if (e != cudaSuccess) return e;
+      }
+    }
+    return cudaSuccess;
+  }
+};
+
+}  // namespace llar
+
+#endif  // LLAR_KERNELS_ONE_SHOT_LL_CUH_

@@ -1,0 +1,42 @@
+// Diagnostics that act on the calls of XLA's programs: the call trace and the
+// test hooks. They reach the production path only through the launcher
+// override of a device context (registry.h) and, for the trace, the
+// PeerTable's trace pointer. Each one synchronises the devices it changes
+// where stated; call them while no other thread runs programs on the set.
+#ifndef LLAR_TOOLS_HOOKS_H_
+#define LLAR_TOOLS_HOOKS_H_
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace llar {
+
+// Call trace (one_shot_ll_diag.h: kTraceSlots). EnableCallTrace synchronises
+// the devices of the set and points each device's table at a zeroed trace
+// buffer (allocated at the first call); programs captured into a CUDA graph
+// after it launch the traced variant (programs captured before keep the
+// all-reduce; uncaptured calls pick the launcher at each launch).
+// DisableCallTrace points the tables back at nothing (traced variants
+// already captured then store nothing) and restores the launcher.
+// ReadCallTrace returns the epoch of warp 0 of block 0 on `ordinal`, which
+// every non-empty call advances (so: the number of calls so far), and the
+// 2 * kTraceSlots words of its buffer (empty when it was never enabled).
+// Throw std::runtime_error for an unknown set or device.
+void EnableCallTrace(int64_t comm_id);
+void DisableCallTrace(int64_t comm_id);
+std::pair<uint64_t, std::vector<uint64_t>> ReadCallTrace(int64_t comm_id, int32_t ordinal);
+
+// F4: synchronises the devices of the set, stores `epoch` in every epoch
+// counter and re-zeroes the scratch.
+void SetEpochForTesting(int64_t comm_id, uint64_t epoch);
+
+// F13: programs captured afterwards on device `ordinal` launch the variant
+// that never stores to its peers (the peers' waits then time out and report
+// this rank); `drop` false restores the launcher (or the trace's, while the
+// trace is on). The dropped variant wins over the traced one.
+void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop);
+
+}  // namespace llar
+
+#endif  // LLAR_TOOLS_HOOKS_H_

@@ -1,0 +1,65 @@
+// Diagnostic variants of the one-shot LL kernel (one_shot_ll_diag.cu): the
+// kernel bench runs them, and the call trace and the dropped-peer-writes test
+// hook launch them from XLA's programs through the launcher override
+// (registry.h). The production kernel has none of their code.
+#ifndef LLAR_TOOLS_ONE_SHOT_LL_DIAG_H_
+#define LLAR_TOOLS_ONE_SHOT_LL_DIAG_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "kernels/kernels.h"
+#include "llar/args.h"
+
+namespace llar {
+
+enum class DiagVariant {
+  // Stores every line into this rank's own scratch, in every peer's slot,
+  // and never into a peer's: the kernel without the network. Each rank's
+  // output is its own input summed world times.
+  kLoopback,
+  // kLoopback, plus the all-reduce's stores into every peer's diagnostic
+  // window (never read; SendLoopbackTables): what outstanding remote stores
+  // cost a kernel that does not wait for a peer. `args.peers` must be the
+  // rank's table from SendLoopbackTables. (With more than two ranks the
+  // peers' lines land on the same lines of a rank's window; the bytes per
+  // link are still those of the all-reduce.)
+  kSendLoopback,
+  // The all-reduce plus the call trace (below).
+  kTraced,
+  // Test hook (F13): the all-reduce without its stores to peers; the peers'
+  // bounded waits then time out and report this rank.
+  kDropPeerWrites,
+};
+
+// Launches `variant` like LaunchOneShotLLWith: the same grid rule and checks.
+// kTraced is compiled for 2, 4, 8 and any number of ranks, the others for 2
+// and any (the kernel bench runs them on the machine at hand).
+cudaError_t LaunchOneShotLLDiag(DiagVariant variant, AllReduceArgs args, DType dtype,
+                                cudaStream_t stream, const OneShotOptions& options);
+
+// The Launcher-signature forms the launcher override takes.
+cudaError_t LaunchOneShotLLTraced(AllReduceArgs args, DType dtype, cudaStream_t stream);
+cudaError_t LaunchOneShotLLDropPeerWrites(AllReduceArgs args, DType dtype,
+                                          cudaStream_t stream);
+
+// Loads every diagnostic variant on the current device.
+cudaError_t PreloadOneShotLLDiag();
+
+// Call trace: thread 0 of block 0 of each call of the traced variant stores
+// the time its lines were sent and the time block 0 finished (%globaltimer,
+// ns; it waits for all of block 0's warps before it reads the clock) in entry
+// (epoch % kTraceSlots) of the buffer PeerTable::trace points at, two words
+// per entry, where `epoch` is that of warp 0 of block 0: device timestamps of
+// the last calls without a profiler. With PeerTable::trace null it stores
+// nothing.
+inline constexpr int kTraceSlots = 4096;
+
+// The send-and-loopback variant's window per rank: one line per (block, line).
+inline constexpr std::size_t kDiagBytes =
+    std::size_t(kMaxBlocks) * kLinesPerBlock * kLineBytes;
+
+}  // namespace llar
+
+#endif  // LLAR_TOOLS_ONE_SHOT_LL_DIAG_H_
