@@ -2,11 +2,22 @@
 
 Loading is lazy (first CUDA lowering, or ``jax_llar.status()``) and happens
 after JAX has started its CUDA backend, because the extension must bind to the
-same ``libnccl.so.2`` as JAX's CUDA plugin (MEASURED.md: a second NCCL in the
-default library path gets picked up otherwise). Before importing the module we
-load, with RTLD_GLOBAL, the libnccl.so.2 that the process already mapped (or
-the nvidia-nccl wheel's), and afterwards we check that the runtime NCCL is at
-least the version whose device headers the kernels were compiled against.
+same ``libnccl.so.2`` as JAX's CUDA plugin (a second NCCL in the default
+library path gets picked up otherwise). Before importing the module we load,
+with RTLD_GLOBAL, the libnccl.so.2 that the process already mapped (or the
+nvidia-nccl wheel's), and afterwards we check:
+  - that the runtime NCCL has the major.minor of the headers the kernels were
+    compiled against, at the same or a later patch level (the device code
+    reads NCCL's window and device-communicator structs with that layout);
+  - that the extension's algorithm ids and limits (``ALGORITHMS``,
+    ``MAX_BYTES``, ``MAX_RANKS``) equal ``jax_llar.algorithms``'.
+Either failure leaves the fast path inactive, with the reason in `reason()`.
+A working extension with a (jax, NCCL) pair that was never tested on GPUs is
+used, and a warning says so once.
+
+The build writes ``jax_llar/_build_info.py`` (CMake: ``NCCL_VERSION_CODE``,
+``CUDA_VERSION``, ``CUDA_ARCHITECTURES``) next to the extension; a source
+tree without a CUDA build has neither.
 """
 
 from __future__ import annotations
@@ -22,11 +33,14 @@ from typing import Any
 
 import jax
 
-from jax_llar import _log
+from jax_llar import algorithms, log
 
 TARGET_ALL_REDUCE = "jax_llar_all_reduce"
-TARGET_COPY = "jax_llar_copy"
-TARGET_COPY_WIDE = "jax_llar_copy_wide"
+
+# (jax version, NCCL runtime version code) pairs the GPU suite and the
+# benchmarks ran with. NCCL codes are NCCL_VERSION_CODE values,
+# major * 10000 + minor * 100 + patch.
+TESTED_VERSIONS = frozenset({("0.11.2", 22809)})
 
 _lock = threading.Lock()
 _module: Any = None
@@ -96,14 +110,64 @@ def _load_locked() -> None:
   if runtime < compiled or runtime // 100 != compiled // 100:
     # Device code reads NCCL's window and device-communicator structs with the
     # layout of the headers it was compiled against: same major.minor only.
-    _reason = (f"the NCCL loaded in this process is {runtime}; the kernels were "
-               f"compiled against {compiled} and need the same major.minor, at "
-               f"least that patch level ({path})")
+    _reason = (f"the NCCL loaded in this process is {nccl_version_string(runtime)}; "
+               f"the kernels were compiled against {nccl_version_string(compiled)} "
+               f"and need the same major.minor, at least that patch level ({path})")
+    return
+  mismatch = constants_mismatch(mod)
+  if mismatch is not None:
+    _reason = mismatch
     return
   for name, fn in mod.registrations().items():
     jax.ffi.register_ffi_target(name, fn, platform="CUDA")
   _module = mod
   atexit.register(_print_error_reports)
+
+
+def constants_mismatch(mod: Any) -> str | None:
+  """Why the extension module `mod` disagrees with ``jax_llar.algorithms``
+  (its ``ALGORITHMS``, ``MAX_BYTES`` or ``MAX_RANKS``), or None when the
+  ids and limits agree. Python picks the algorithm id and size class that
+  the kernels then trust, so a disagreement must keep the fast path off."""
+  want = {
+      "ALGORITHMS": {a.short_name: int(a) for a in algorithms.Algorithm},
+      "MAX_BYTES": {a.short_name: n for a, n in algorithms.MAX_BYTES.items()},
+      "MAX_RANKS": algorithms.MAX_RANKS,
+  }
+  for name, value in want.items():
+    got = getattr(mod, name, None)
+    if got is None:
+      return (f"the CUDA extension does not export {name}: it was built from "
+              "other sources than this Python package; reinstall jax_llar")
+    if (dict(got) if isinstance(want[name], dict) else got) != value:
+      return (f"the CUDA extension's {name} is {got!r}, jax_llar.algorithms "
+              f"says {value!r}: the extension was built from other sources "
+              "than this Python package; reinstall jax_llar")
+  return None
+
+
+def nccl_version_string(code: int) -> str:
+  """``"2.28.9"`` for the NCCL_VERSION_CODE 22809 (NCCL >= 2.9 encoding)."""
+  return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+
+
+def untested_versions_message(jax_version: str, nccl_code: int) -> str | None:
+  """The warning for a (jax, NCCL runtime) pair outside TESTED_VERSIONS, or
+  None for a tested pair."""
+  if (jax_version, nccl_code) in TESTED_VERSIONS:
+    return None
+  tested = "; ".join(f"jax {j} with NCCL {nccl_version_string(n)}"
+                     for j, n in sorted(TESTED_VERSIONS))
+  return (f"jax_llar: the fast path runs with jax {jax_version} and NCCL "
+          f"{nccl_version_string(nccl_code)}, a pair not tested on GPUs "
+          f"(tested: {tested}). Run the GPU suite (tests/gpu) to check it.")
+
+
+def _warn_if_untested(mod: Any) -> None:
+  message = untested_versions_message(jax.__version__,
+                                      int(mod.nccl_runtime_version()))
+  if message is not None:
+    log.log_once("untested_versions", message)
 
 
 def _print_error_reports() -> None:
@@ -119,21 +183,58 @@ def _print_error_reports() -> None:
           file=sys.stderr)
 
 
-def load() -> Any | None:
-  """Returns the extension module, or None (see `reason()`); idempotent."""
+def load(*, quiet: bool = False) -> Any | None:
+  """Loads the extension once and returns it, or None (see `reason()`).
+
+  Idempotent and thread-safe. Without CUDA, an extension or a matching NCCL
+  it returns None and logs nothing: the lowering records why (reason
+  "extension"). With a working extension and a (jax, NCCL) pair outside
+  TESTED_VERSIONS it logs a warning once on the ``jax_llar`` logger, unless
+  `quiet` (``jax_llar.status()`` loads quietly).
+  """
   with _lock:
     if not _loaded:
       _load_locked()
-      if _module is None:
-        _log.log_once("extension", f"jax_llar: fast path inactive: {_reason}")
-    return _module
+    mod = _module
+  if mod is not None and not quiet:
+    _warn_if_untested(mod)
+  return mod
+
+
+def loaded() -> Any | None:
+  """The extension module if `load` already succeeded, else None; never
+  loads anything."""
+  return _module
 
 
 def reason() -> str | None:
-  """Why the extension is unavailable, or None when it is loaded."""
+  """Why the extension is unavailable, or None when it is loaded (or when
+  loading was not tried yet)."""
   return _reason
 
 
 def built() -> bool:
   """True when the CUDA extension was compiled into this installation."""
   return importlib.util.find_spec("jax_llar._llar") is not None
+
+
+def build_info() -> dict[str, Any] | None:
+  """What the CUDA build recorded (``jax_llar._build_info``, generated by
+  CMake), or None in a tree without a CUDA build.
+
+  Returns:
+    ``{"nccl_version_code": int, "cuda_version": str,
+    "cuda_architectures": str}``: the NCCL headers' NCCL_VERSION_CODE, the
+    nvcc version and the CUDA architectures (e.g. ``"90;100"``).
+  """
+  try:
+    info = importlib.import_module("jax_llar._build_info")
+  except ModuleNotFoundError as e:
+    if e.name != "jax_llar._build_info":
+      raise
+    return None
+  return {
+      "nccl_version_code": int(info.NCCL_VERSION_CODE),
+      "cuda_version": str(info.CUDA_VERSION),
+      "cuda_architectures": str(info.CUDA_ARCHITECTURES),
+  }

@@ -15,8 +15,10 @@ Environment variables:
                             when the set is created (first fast-path lowering
                             for a device layout).
   JAX_LLAR_MAX_BYTES=N      largest per-rank payload (bytes) given to the fast
-                            path, 0 .. 262144 (default and cap: the one-shot
-                            LL limit).
+                            path, 0 .. 262144 (default and cap: the largest
+                            payload any algorithm serves,
+                            ``jax_llar.algorithms.LARGEST_MAX_BYTES``); larger
+                            values are clipped to the cap.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
-ONE_SHOT_LIMIT_BYTES = 64 * 512 * 8  # ffi/include/llar/args.h: kOneShotMaxBytes
+from jax_llar.algorithms import LARGEST_MAX_BYTES
+
+# The cap of max_bytes (bytes per rank).
+MAX_BYTES_CAP = LARGEST_MAX_BYTES
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -67,14 +72,14 @@ class Settings:
   """
   disabled: bool = False
   timeout_ms: int = 30_000
-  max_bytes: int = ONE_SHOT_LIMIT_BYTES
+  max_bytes: int = MAX_BYTES_CAP
 
   def __setattr__(self, name, value):
     if name == "timeout_ms" and (not isinstance(value, int) or value <= 0):
       raise ValueError(f"timeout_ms must be a positive int (milliseconds), got {value!r}")
     if name == "max_bytes" and (not isinstance(value, int) or
-                                not 0 <= value <= ONE_SHOT_LIMIT_BYTES):
-      raise ValueError(f"max_bytes must be an int in 0..{ONE_SHOT_LIMIT_BYTES}, got {value!r}")
+                                not 0 <= value <= MAX_BYTES_CAP):
+      raise ValueError(f"max_bytes must be an int in 0..{MAX_BYTES_CAP}, got {value!r}")
     if name == "disabled":
       value = bool(value)
     super().__setattr__(name, value)
@@ -85,8 +90,8 @@ def _from_env() -> Settings:
     return Settings(
         disabled=_env_bool("JAX_LLAR_DISABLE"),
         timeout_ms=_env_int("JAX_LLAR_TIMEOUT_MS", 30_000),
-        max_bytes=min(_env_int("JAX_LLAR_MAX_BYTES", ONE_SHOT_LIMIT_BYTES),
-                      ONE_SHOT_LIMIT_BYTES),
+        max_bytes=min(_env_int("JAX_LLAR_MAX_BYTES", MAX_BYTES_CAP),
+                      MAX_BYTES_CAP),
     )
   except ValueError as e:
     raise ValueError(f"jax_llar settings from the environment: {e}") from None

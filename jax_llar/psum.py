@@ -1,11 +1,8 @@
 """``jax_llar.psum`` and its primitive ``llar_psum_p``.
 
-The primitive keeps the semantics of ``lax.psum`` over named mesh axes and
-differs only in how it lowers on CUDA: through the XLA FFI custom call
-``jax_llar_all_reduce`` (a barrier-free one-shot LL kernel over NVLink) when
-the dispatch policy accepts the psum, else exactly like ``lax.psum``.
-
-Rules kept beside the primitive, as ``jax/_src/lax/parallel.py`` does:
+The primitive keeps the semantics of ``lax.psum`` over named mesh axes; only
+its lowering differs (``jax_llar.lowering``). Its rules are kept beside it, as
+``jax/_src/lax/parallel.py`` does for JAX's collectives:
   abstract eval  same shape and dtype; with ``check_vma`` the reduced axes
                  leave the varying-manual-axes set (like ``psum_invariant_p``);
   transpose      with ``check_vma``: ``pvary`` of the cotangent (no
@@ -13,8 +10,8 @@ Rules kept beside the primitive, as ``jax/_src/lax/parallel.py`` does:
                  jax_llar again (like ``psum_p``);
   batching       a vmapped axis among the reduced names becomes a positional
                  sum; other axes pass through;
-  lowering       CUDA: dispatch, then FFI call or the lowering of lax.psum;
-                 every other platform: the lowering of lax.psum.
+  lowering       ``jax_llar.lowering``: CUDA and every other platform decide
+                 the same way; only CUDA can emit the FFI call.
 """
 
 from __future__ import annotations
@@ -28,13 +25,84 @@ from jax._src import config as jax_config
 from jax._src import core
 from jax._src.interpreters import ad, batching, mlir
 
-from jax_llar import _ext, _log, dispatch
+from jax_llar import log, lowering
 
-# The original function: jax_llar.swap_psum replaces the attribute jax.lax.psum,
-# and every fallback here must still reach XLA's psum.
+# The original function, captured at import (jax_llar.swap_psum replaces the
+# attribute jax.lax.psum): every case handed to lax.psum must reach XLA's.
 _lax_psum = lax.psum
 
-llar_psum_p = core.Primitive("llar_psum")
+
+def psum(x: Any, axis_name, *, axis_index_groups=None) -> Any:
+  """Compute an all-reduce sum on ``x`` over the mapped axis ``axis_name``.
+
+  The same function as ``jax.lax.psum``: use it inside ``jax.shard_map`` (or
+  ``vmap``/``pmap`` with named axes). Small psums of a jitted ``shard_map``
+  on CUDA GPUs that are NVLink peers run as a barrier-free one-shot LL
+  all-reduce (arXiv 2607.16100, section 4.1) through an XLA FFI custom call;
+  every other psum lowers exactly like ``lax.psum``. The README says which
+  psums take the fast path; ``jax_llar.dispatch_log()`` shows what each psum
+  of a program did, and why.
+
+  Args:
+    x: array(s) with a mapped axis named ``axis_name``: an array or a pytree
+      of arrays, any shape; each leaf is reduced separately. Python and numpy
+      constants give the constant times the number of ranks, as with
+      ``lax.psum``.
+    axis_name: hashable Python object naming a mapped axis, or a tuple of
+      them (reduced together). Positional (integer) axes sum over array
+      dimensions, as in ``lax.psum``.
+    axis_index_groups: optional list of lists of axis indices, as in
+      ``lax.psum`` (only with ``check_vma=False``); such psums are always
+      ``lax.psum``'s.
+
+  Returns:
+    Array(s) with the same structure, shapes and dtypes as ``x``: the
+    elementwise sum over the ranks of each replica group (bools are counted
+    as int32, as ``lax.psum`` does). With ``check_vma=True`` the result is
+    invariant over the reduced axes, exactly like ``lax.psum``.
+    Differentiable (``jax.grad``) and batchable (``jax.vmap``). On the fast
+    path every rank's result is bitwise identical: the float64 sum in rank
+    order, rounded once to the dtype; ``lax.psum`` may add in another order,
+    so with more than two ranks results can differ from it in the last bit.
+
+  Raises:
+    NameError: an axis name is not bound (e.g. called outside ``shard_map``).
+    ValueError: ``x`` is varying over some of the axes and invariant over
+      others (the rule and message of ``lax.psum``).
+
+  For example, with 4 devices in a mesh with axis ``"i"``::
+
+    >>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]), ("i",))
+    >>> f = jax.jit(jax.shard_map(lambda v: jax_llar.psum(v, "i"), mesh=mesh,
+    ...                           in_specs=P("i"), out_specs=P()))
+    >>> f(jnp.arange(4.0))
+    Array([6.], dtype=float32)
+  """
+  axes = _canonical_axes(axis_name)
+  if not axes:
+    return x
+  if axis_index_groups is not None or any(isinstance(a, int) for a in axes):
+    _record_lax_only(x, axes, axis_index_groups)
+    return _lax_psum(x, axis_name, axis_index_groups=axis_index_groups)
+  _check_bound(axes)
+
+  def bind(leaf):
+    if not isinstance(leaf, core.Tracer):
+      return _lax_psum(leaf, axes)  # constants: lax multiplies by the axis size
+    aval = core.typeof(leaf)
+    if jax.dtypes.issubdtype(aval.dtype, jax.dtypes.extended):
+      return _lax_psum(leaf, axes)  # e.g. PRNG keys: lax's own rules and errors
+    # The same type rule as lax.psum: all axes varying, or all invariant (then
+    # auto_pcast makes them varying); mixed states are an error.
+    state = _axes_state(aval, axes)
+    if np.dtype(aval.dtype) == np.bool_ or state in ("unreduced", "reduced"):
+      return _lax_psum(leaf, axes)  # lax converts bools; (un)reduced types are lax's
+    check_vma = bool(jax_config._check_vma.value)  # pylint: disable=protected-access
+    if check_vma and state == "invarying" and jax_config.auto_pcast.value:
+      leaf = core.pvary(leaf, axes)
+    return llar_psum_p.bind(leaf, axes=axes, check_vma=check_vma)
+
+  return jax.tree_util.tree_map(bind, x)
 
 
 def _canonical_axes(axis_name) -> tuple:
@@ -51,73 +119,27 @@ def _check_bound(axes: tuple) -> None:
           f"axes here: {env.axis_names()}")
 
 
-def psum(x: Any, axis_name, *, axis_index_groups=None) -> Any:
-  """All-reduce sum of `x` over the mesh axis `axis_name`, like ``lax.psum``.
-
-  Inside a jitted ``jax.shard_map`` on CUDA GPUs, small psums (up to 256 KiB
-  per rank; float32, bfloat16, float16; 2 to 16 ranks of one process that are
-  NVLink peers) run as a barrier-free one-shot LL all-reduce (arXiv
-  2607.16100, section 4.1) through an XLA FFI custom call captured in XLA's
-  CUDA graph. Everything else lowers to ``lax.psum`` and the reason is logged
-  once (see ``jax_llar.dispatch_log()``).
-
-  Args:
-    x: array or pytree of arrays, any shape. Each leaf is reduced separately.
-    axis_name: a mesh axis name or a tuple of names (reduced together).
-    axis_index_groups: as in ``lax.psum``; not served by the fast path (the
-      call is ``lax.psum``, logged once).
-
-  Returns:
-    Same structure, shapes and dtypes as `x`: the elementwise sum over all
-    ranks of each replica group. On the fast path every rank's result is
-    bitwise identical, equal to a float64 sum in rank order rounded once to
-    the dtype. With ``check_vma=True`` the result is typed invariant over the
-    reduced axes, exactly like ``lax.psum``. Differentiable (``jax.grad``) and
-    batchable (``jax.vmap``) like ``lax.psum``.
-
-    The fast path adds in float64 in rank order; ``lax.psum`` (NCCL) may add
-    in another order, so beyond two ranks results can differ from
-    ``lax.psum`` in the last bit. ``JAX_LLAR_MAX_BYTES`` lowers the size limit.
-    Positional (integer) axes and ``axis_index_groups`` are ``lax.psum``'s.
-    Names of ``vmap``/``pmap`` axes work as they do for ``lax.psum``.
-
-  Raises:
-    NameError: an axis name is not bound (called outside ``shard_map``).
-    ValueError: `x` is varying over some of the axes and not others (the
-      same rule and message as ``lax.psum``).
-  """
-  axes = _canonical_axes(axis_name)
-  if not axes:
-    return x
-  if axis_index_groups is not None or any(isinstance(a, int) for a in axes):
-    reason = ("axis_index_groups" if axis_index_groups is not None
-              else "positional_axes")
-    for leaf in jax.tree_util.tree_leaves(x):
-      aval = core.typeof(leaf)
-      dt = np.dtype(aval.dtype)
-      _log.record(_log.Decision(
-          "lax.psum", reason, f"psum with {reason} is lax.psum's",
-          axes, str(dt), int(np.prod(aval.shape, dtype=np.int64)) * dt.itemsize))
-    return _lax_psum(x, axis_name, axis_index_groups=axis_index_groups)
-  _check_bound(axes)
-
-  def bind(leaf):
-    if not isinstance(leaf, core.Tracer):
-      return _lax_psum(leaf, axes)  # constants: lax multiplies by the axis size
+def _record_lax_only(x, axes: tuple, axis_index_groups) -> None:
+  """Records the decision for a psum that only lax.psum serves (reason
+  "axis_index_groups" or "positional_axes"), with its facts: one entry per
+  leaf. The number of ranks is that of one index group, or of the named axes
+  for positional axes (0 when a name is unbound: lax.psum then raises)."""
+  if axis_index_groups is not None:
+    reason = "axis_index_groups"
+    world = len(axis_index_groups[0]) if len(axis_index_groups) else 0
+  else:
+    reason, world = "positional_axes", 1
+    env = core.get_axis_env()
+    for a in axes:
+      if not isinstance(a, int):
+        world = world * env.axis_size(a) if env.axis_exists(a) else 0
+  for leaf in jax.tree_util.tree_leaves(x):
     aval = core.typeof(leaf)
-    if jax.dtypes.issubdtype(aval.dtype, jax.dtypes.extended):
-      return _lax_psum(leaf, axes)  # e.g. PRNG keys: lax's own rules and errors
-    # The same type rule as lax.psum: all axes varying, or all invariant (then
-    # auto_pcast makes them varying); mixed states are an error.
-    state = _axes_state(aval, axes)
-    if np.dtype(aval.dtype) == np.bool_ or state in ("unreduced", "reduced"):
-      return _lax_psum(leaf, axes)  # lax converts bools; (un)reduced types are lax's
-    check_vma = bool(jax_config._check_vma.value)
-    if check_vma and state == "invarying" and jax_config.auto_pcast.value:
-      leaf = core.pvary(leaf, axes)
-    return llar_psum_p.bind(leaf, axes=axes, check_vma=check_vma)
-
-  return jax.tree_util.tree_map(bind, x)
+    dt = np.dtype(aval.dtype)
+    log.record(log.Decision(
+        reason=reason, detail=f"psum with {reason} is lax.psum's", axes=axes,
+        dtype=str(dt), world_size=world,
+        bytes_per_rank=int(np.prod(aval.shape, dtype=np.int64)) * dt.itemsize))
 
 
 def _axes_state(aval, axes) -> str:
@@ -142,7 +164,9 @@ def _axes_state(aval, axes) -> str:
   return states.pop()
 
 
-# --- abstract evaluation ---------------------------------------------------
+# --- the primitive -------------------------------------------------------------
+
+llar_psum_p = core.Primitive("llar_psum")
 
 
 def _abstract_eval(aval, *, axes, check_vma):
@@ -162,19 +186,10 @@ def _abstract_eval(aval, *, axes, check_vma):
   return aval.update(manual_axis_type=aval.mat.update(varying=vma)), effects
 
 
-llar_psum_p.def_effectful_abstract_eval(_abstract_eval)
-
-
 def _impl(x, *, axes, check_vma):
   del x, check_vma
   raise NameError(f"jax_llar.psum: unbound axis name(s) {axes}: call it inside "
                   "jax.shard_map")
-
-
-llar_psum_p.def_impl(_impl)
-
-
-# --- autodiff ----------------------------------------------------------------
 
 
 def _transpose(ct, x, *, axes, check_vma):
@@ -184,12 +199,6 @@ def _transpose(ct, x, *, axes, check_vma):
   if check_vma:
     return [core.pvary(ct, axes)]
   return [llar_psum_p.bind(ct, axes=axes, check_vma=False)]
-
-
-ad.deflinear2(llar_psum_p, _transpose)
-
-
-# --- batching ------------------------------------------------------------------
 
 
 def _batch(axis_data, vals_in, dims_in, *, axes, check_vma):
@@ -208,39 +217,9 @@ def _batch(axis_data, vals_in, dims_in, *, axes, check_vma):
   return out, None
 
 
+llar_psum_p.def_effectful_abstract_eval(_abstract_eval)
+llar_psum_p.def_impl(_impl)
+ad.deflinear2(llar_psum_p, _transpose)
 batching.fancy_primitive_batchers[llar_psum_p] = _batch
-
-
-# --- lowering ----------------------------------------------------------------
-
-
-def _lax_psum_lowering(ctx, x, *, axes, check_vma):
-  def f(v):
-    with jax_config._check_vma(check_vma):
-      return _lax_psum(v, axes)
-  return mlir.lower_fun(f, multiple_results=False)(ctx, x)
-
-
-def _lowering_default(ctx, x, *, axes, check_vma):
-  aval = ctx.avals_in[0]
-  dtype = np.dtype(aval.dtype)
-  _log.record(_log.Decision(
-      "lax.psum", "platform",
-      f"platform {', '.join(ctx.module_context.platforms)}: the fast path is "
-      "CUDA-only", tuple(axes), str(dtype),
-      int(np.prod(aval.shape, dtype=np.int64)) * dtype.itemsize))
-  return _lax_psum_lowering(ctx, x, axes=axes, check_vma=check_vma)
-
-
-def _lowering_cuda(ctx, x, *, axes, check_vma):
-  decision = dispatch.decide(ctx.module_context.axis_context, ctx.avals_in[0], axes)
-  if not decision.fast:
-    return _lax_psum_lowering(ctx, x, axes=axes, check_vma=check_vma)
-  return jax.ffi.ffi_lowering(_ext.TARGET_ALL_REDUCE)(
-      ctx, x, comm_id=np.int64(decision.comm_id),
-      comm_key=np.int64(decision.comm_key),
-      algorithm=np.int64(dispatch.algorithm_id(decision)))
-
-
-mlir.register_lowering(llar_psum_p, _lowering_default)
-mlir.register_lowering(llar_psum_p, _lowering_cuda, platform="cuda")
+mlir.register_lowering(llar_psum_p, lowering.lowering_default)
+mlir.register_lowering(llar_psum_p, lowering.lowering_cuda, platform="cuda")

@@ -9,23 +9,43 @@ from jax_llar.config import settings
 
 
 def status() -> dict[str, Any]:
-  """Describes the fast path in this process.
+  """Describes the fast path in this process; logs and prints nothing.
+
+  Loads the extension if that was not tried yet (which starts JAX's
+  backends), quietly: an untested (jax, NCCL) pair is reported by the first
+  lowering that uses the extension, not here.
 
   Returns:
-    dict with ``built`` (extension compiled), ``active`` (extension loaded and
-    usable), ``reason`` (why not, or None), ``nccl_runtime`` and
-    ``nccl_compiled`` (NCCL_VERSION_CODE values, or None), ``nccl_library``
-    (path), ``comm_sets`` (list of dicts: id, groups of CUDA ordinals,
-    world size, scratch bytes per device) and ``settings``.
+    dict with
+      ``built``: the CUDA extension is compiled into this installation;
+      ``active``: it is loaded and usable in this process;
+      ``reason``: why not (str), or None when active;
+      ``nccl_runtime``: NCCL_VERSION_CODE of the libnccl.so.2 in use (e.g.
+        22809 for 2.28.9), or None when not active;
+      ``nccl_compiled``: NCCL_VERSION_CODE of the headers the kernels were
+        compiled against, or None without a CUDA build;
+      ``nccl_library``: path of the libnccl.so.2 in use, or None;
+      ``build``: the build's record (``nccl_version_code``,
+        ``cuda_version``, ``cuda_architectures``), or None without a CUDA
+        build;
+      ``comm_sets``: one dict per communicator set (``comm_id``, ``groups``
+        of CUDA ordinals, ``world_size``, ``scratch_bytes_per_device``);
+      ``settings``: the current ``jax_llar.config.settings`` as a dict.
   """
-  mod = _ext.load()
+  mod = _ext.load(quiet=True)
+  build = _ext.build_info()
+  if build is not None:
+    nccl_compiled = build["nccl_version_code"]
+  else:
+    nccl_compiled = mod.nccl_compiled_version() if mod else None
   return {
       "built": _ext.built(),
       "active": mod is not None,
       "reason": _ext.reason() if mod is None else None,
       "nccl_runtime": mod.nccl_runtime_version() if mod else None,
-      "nccl_compiled": mod.nccl_compiled_version() if mod else None,
+      "nccl_compiled": nccl_compiled,
       "nccl_library": _ext.nccl_library_path() if mod else None,
+      "build": build,
       "comm_sets": [
           {"comm_id": c.comm_id, "groups": c.groups, "world_size": c.world_size,
            "scratch_bytes_per_device": c.scratch_bytes}
@@ -41,8 +61,13 @@ def error_reports() -> list[dict[str, Any]]:
   A wait that exceeds ``settings.timeout_ms`` writes (rank, peer, block, line,
   epoch, flags seen) to host-mapped memory and traps, which fails the XLA
   call. Call this after catching the error to see what the kernel waited
-  for. Returns an empty list when nothing timed out or the extension is not
-  loaded.
+  for.
+
+  Returns:
+    One dict per report (``comm_id``, ``device``, ``code``, ``rank``,
+    ``peer``, ``block``, ``line``, ``epoch``, ``flag_expected``,
+    ``flag_seen`` (a pair), ``waited_ns``); empty when nothing timed out or
+    the extension was never loaded. Loads nothing.
   """
-  mod = _ext.load()
+  mod = _ext.loaded()
   return list(mod.error_reports()) if mod else []

@@ -66,5 +66,6 @@ def bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-  """Standard-normal data in `dtype` (never zeros: rule of BENCHMARK.md)."""
+  """Standard-normal data of `shape` in `dtype`, rounded through float32
+  (never all zeros: the input rule of benchmarks/METHOD.md)."""
   return rng.standard_normal(shape).astype(np.float32).astype(dtype)

@@ -1,22 +1,30 @@
 """Test setup shared by the CPU and GPU suites.
 
-The CPU suite (every test file but ``test_gpu.py``) runs on 8 forced host
-devices and builds meshes of 2, 4 and 8 of them. XLA reads
+CPU mode (the default): the CPU test files in this directory run on 8 forced
+host devices and build meshes of 2, 4 and 8 of them. XLA reads
 ``--xla_force_host_platform_device_count`` only when JAX starts its CPU
 backend, so the flag is set here, before any test module imports jax.
+``tests/gpu/`` is collected too; its own conftest skips it, with the reason.
 
-The GPU suite sets ``JAX_LLAR_TEST_GPU=1``; then nothing is changed and JAX
-sees the real accelerators.
+GPU mode (``JAX_LLAR_TEST_GPU=1``): nothing is changed, JAX sees the real
+accelerators, and only ``tests/gpu/`` is collected.
 """
 
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
 
-CPU_DEVICE_COUNT = 8
+import pytest
 
-if os.environ.get("JAX_LLAR_TEST_GPU") != "1":
+CPU_DEVICE_COUNT = 8
+GPU_MODE = os.environ.get("JAX_LLAR_TEST_GPU") == "1"
+
+if GPU_MODE:
+  collect_ignore = sorted(
+      p.name for p in pathlib.Path(__file__).parent.glob("test_*.py"))
+else:
   if "jax" in sys.modules:
     from jax._src import xla_bridge as _xb  # pylint: disable=g-import-not-at-top
     if _xb._backends:  # pylint: disable=protected-access
@@ -29,3 +37,10 @@ if os.environ.get("JAX_LLAR_TEST_GPU") != "1":
                   f"--xla_force_host_platform_device_count={CPU_DEVICE_COUNT}")
       if f)
   os.environ["JAX_PLATFORMS"] = "cpu"
+
+  @pytest.fixture(autouse=True)
+  def _fresh_dispatch_log():
+    """Every CPU test starts with an empty dispatch log (and nothing logged)."""
+    import jax_llar  # pylint: disable=g-import-not-at-top
+    jax_llar.clear_dispatch_log()
+    yield

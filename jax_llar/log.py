@@ -1,0 +1,135 @@
+"""The dispatch log: every decision jax_llar takes for a psum.
+
+A decision not to use the fast path is logged once per (reason, detail) on
+the ``jax_llar`` logger, and every decision is kept (the most recent 10,000)
+for ``jax_llar.dispatch_log()``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+from typing import Any
+
+from jax_llar.algorithms import Algorithm
+
+logger = logging.getLogger("jax_llar")
+
+_lock = threading.Lock()
+_seen: set[tuple[str, str]] = set()
+_records: collections.deque = collections.deque(maxlen=10_000)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Decision:
+  """How one psum is lowered, and the facts the choice was made from.
+
+  The facts (axes, dtype, bytes_per_rank, world_size) are recorded whatever
+  the reason, so a decision taken on CPU tells what a GPU would do: there
+  `candidate` is the algorithm the policy chose and `reason` names what in
+  this environment refused it.
+
+  Attributes:
+    reason: ``"fast_path"``, or why lax.psum serves the psum. Payload
+      reasons (``jax_llar.policy``): ``"dtype"``, ``"empty"``, ``"mesh"``,
+      ``"world_size"``, ``"size"``; environment reasons
+      (``jax_llar.lowering``, checked after them): ``"disabled"``,
+      ``"xla_flags"``, ``"platform"``, ``"multiprocess"``, ``"extension"``,
+      ``"communicator"``; trace-time reasons (``jax_llar.psum``):
+      ``"axis_index_groups"``, ``"positional_axes"``.
+    detail: a sentence for the user; for an environment reason it also says
+      what would apply on CUDA GPUs that are NVLink peers.
+    axes: the reduced axis names.
+    dtype: element dtype name, e.g. ``"bfloat16"``.
+    bytes_per_rank: payload per rank, bytes.
+    world_size: number of ranks of each replica group; 0 when unknown (no
+      concrete mesh at lowering time).
+    algorithm: the algorithm that runs the psum, or None (lax.psum).
+    candidate: what the policy chose for the psum itself, whether or not the
+      environment let it run; None when a payload reason refused it.
+    comm_id: communicator-set id of the fast path, else 0.
+    comm_key: fingerprint of that set's device groups, else 0.
+  """
+  reason: str
+  detail: str
+  axes: tuple
+  dtype: str
+  bytes_per_rank: int
+  world_size: int
+  algorithm: Algorithm | None = None
+  candidate: Algorithm | None = None
+  comm_id: int = 0
+  comm_key: int = 0
+
+  @property
+  def fast(self) -> bool:
+    """True when the psum runs on a jax_llar kernel."""
+    return self.algorithm is not None
+
+  @property
+  def impl(self) -> str:
+    """``"llar.<algorithm>"`` on the fast path, else ``"lax.psum"``."""
+    return self.algorithm.impl if self.algorithm is not None else "lax.psum"
+
+  def to_dict(self) -> dict[str, Any]:
+    """JSON-ready dict: every field (algorithms by short name, axes as a
+    list), plus ``impl`` and ``fast``."""
+    d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+    d["axes"] = list(self.axes)
+    for k in ("algorithm", "candidate"):
+      d[k] = d[k].short_name if d[k] is not None else None
+    d["impl"] = self.impl
+    d["fast"] = self.fast
+    return d
+
+  def __repr__(self) -> str:
+    fields = ", ".join(f"{f.name}={getattr(self, f.name)!r}"
+                       for f in dataclasses.fields(self))
+    return f"Decision(impl={self.impl!r}, {fields})"
+
+
+def record(d: Decision, *, level: int = logging.WARNING) -> Decision:
+  """Stores `d`; logs it at `level` once per (reason, detail) unless it is
+  the fast path. Returns `d`."""
+  with _lock:
+    _records.append(d)
+    key = (d.reason, d.detail)
+    first = key not in _seen
+    _seen.add(key)
+  if first and not d.fast:
+    logger.log(level, "jax_llar: psum over %s (%s, %d bytes per rank, %d "
+               "ranks) uses lax.psum: %s", d.axes, d.dtype, d.bytes_per_rank,
+               d.world_size, d.detail)
+  return d
+
+
+def log_once(key: str, message: str, level: int = logging.WARNING) -> None:
+  """Logs `message` on the ``jax_llar`` logger the first time `key` is seen
+  (again after ``clear_dispatch_log()``)."""
+  with _lock:
+    first = ("message", key) not in _seen
+    _seen.add(("message", key))
+  if first:
+    logger.log(level, "%s", message)
+
+
+def dispatch_log() -> list[Decision]:
+  """Returns the recorded decisions (at most the last 10,000), oldest first.
+
+  One entry per lowering of a psum on each lowering platform, plus one per
+  psum that ``jax_llar.psum`` hands to ``lax.psum`` while tracing
+  (``axis_index_groups``, positional axes). JAX lowers identical psums of one
+  program (same shape, dtype and axes) once, so a program can hold more
+  all-reduces than it has entries here.
+  """
+  with _lock:
+    return list(_records)
+
+
+def clear_dispatch_log() -> None:
+  """Forgets recorded decisions and which messages were already logged."""
+  with _lock:
+    _records.clear()
+    _seen.clear()

@@ -1,0 +1,216 @@
+"""Configuration and the run-time environment, on CPU.
+
+Settings from the environment (``jax_llar.config``); ``jax_llar.status()``
+and ``error_reports()`` (no logging or printing, build information); the
+extension loader's checks that need no GPU (``jax_llar._ext``: the tested
+(jax, NCCL) pairs, the extension's constants against
+``jax_llar.algorithms``).
+"""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import jax
+import pytest
+
+import jax_llar
+from jax_llar import _ext, algorithms, config
+from jax_llar.config import settings as llar_settings
+
+
+def _settings_with(monkeypatch, **env):
+  """The settings jax_llar would read at import with `env` set."""
+  for k, v in env.items():
+    monkeypatch.setenv(k, v)
+  return config._from_env()  # pylint: disable=protected-access
+
+
+# --- settings ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("raw,expect", [("", False), ("0", False), ("false", False),
+                                        ("OFF", False), ("no", False), ("1", True),
+                                        ("true", True), ("Yes", True), ("on", True)])
+def test_disable_flag_parsing(monkeypatch, raw, expect):
+  assert _settings_with(monkeypatch, JAX_LLAR_DISABLE=raw).disabled is expect
+
+
+@pytest.mark.parametrize("env", [{"JAX_LLAR_DISABLE": "maybe"},
+                                 {"JAX_LLAR_MAX_BYTES": "-5"},
+                                 {"JAX_LLAR_TIMEOUT_MS": "0"},
+                                 {"JAX_LLAR_TIMEOUT_MS": "ten"}])
+def test_bad_environment_is_a_clear_error(monkeypatch, env):
+  with pytest.raises(ValueError, match="jax_llar settings"):
+    _settings_with(monkeypatch, **env)
+
+
+def test_max_bytes_from_the_environment_is_clipped_to_the_cap(monkeypatch):
+  assert _settings_with(monkeypatch, JAX_LLAR_MAX_BYTES="1000").max_bytes == 1000
+  assert _settings_with(monkeypatch, JAX_LLAR_MAX_BYTES="0").max_bytes == 0
+  big = str(algorithms.LARGEST_MAX_BYTES + 1)
+  assert (_settings_with(monkeypatch, JAX_LLAR_MAX_BYTES=big).max_bytes
+          == algorithms.LARGEST_MAX_BYTES)
+
+
+def test_settings_assignment_is_checked():
+  s = config.Settings()
+  for name, bad in [("timeout_ms", -1), ("timeout_ms", 0), ("max_bytes", -1),
+                    ("max_bytes", config.MAX_BYTES_CAP + 1), ("max_bytes", 1.5)]:
+    with pytest.raises(ValueError):
+      setattr(s, name, bad)
+  s.max_bytes = 0
+  s.timeout_ms = 5
+  assert (s.max_bytes, s.timeout_ms) == (0, 5)
+  assert config.settings.max_bytes == config.MAX_BYTES_CAP  # default cap
+  assert config.MAX_BYTES_CAP == algorithms.LARGEST_MAX_BYTES == 262144
+
+
+# --- status ----------------------------------------------------------------------
+
+
+def test_status_inactive_on_cpu():
+  s = jax_llar.status()
+  assert s["active"] is False
+  assert isinstance(s["reason"], str) and s["reason"]
+  assert s["comm_sets"] == [] and s["nccl_runtime"] is None
+  assert s["settings"]["max_bytes"] == llar_settings.max_bytes
+  assert jax_llar.error_reports() == []
+
+
+def test_status_neither_logs_nor_prints(monkeypatch, caplog, capfd):
+  """Issue 15, item 7: status() on CPU, the first call in a process (the
+  extension loader runs), writes nothing to the log, stdout or stderr."""
+  monkeypatch.setattr(_ext, "_loaded", False)
+  monkeypatch.setattr(_ext, "_module", None)
+  monkeypatch.setattr(_ext, "_reason", None)
+  caplog.set_level(logging.DEBUG)
+  capfd.readouterr()
+  s = jax_llar.status()
+  jax_llar.status()
+  jax_llar.error_reports()
+  assert s["active"] is False and s["reason"]
+  assert caplog.records == []
+  assert capfd.readouterr() == ("", "")
+
+
+def test_status_build_information_is_consistent():
+  """``built: True`` comes with the compiled NCCL version (from the build's
+  generated ``jax_llar._build_info``), never with None."""
+  s = jax_llar.status()
+  info = _ext.build_info()
+  assert s["build"] == info
+  if info is None:
+    assert s["nccl_compiled"] is None
+  else:
+    assert set(info) == {"nccl_version_code", "cuda_version",
+                         "cuda_architectures"}
+    assert s["nccl_compiled"] == info["nccl_version_code"] > 0
+  if s["built"]:
+    assert s["nccl_compiled"] is not None, (
+        "the CUDA extension is built but jax_llar/_build_info.py is missing: "
+        "rebuild (pip install -e .)")
+
+
+def test_build_info_absent_is_none(monkeypatch):
+  monkeypatch.setattr(_ext.importlib, "import_module", _missing_build_info)
+  assert _ext.build_info() is None
+  s = jax_llar.status()
+  assert (s["build"], s["nccl_compiled"]) == (None, None)
+
+
+def _missing_build_info(name):
+  raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+def test_build_info_from_the_generated_module(monkeypatch):
+  """What CMake generates (jax_llar/_build_info.py) reaches status()."""
+  generated = types.SimpleNamespace(NCCL_VERSION_CODE=22809,
+                                    CUDA_VERSION="13.0.88",
+                                    CUDA_ARCHITECTURES="90;100")
+  real_import = _ext.importlib.import_module
+  monkeypatch.setattr(
+      _ext.importlib, "import_module",
+      lambda name: generated if name == "jax_llar._build_info" else real_import(name))
+  want = {"nccl_version_code": 22809, "cuda_version": "13.0.88",
+          "cuda_architectures": "90;100"}
+  assert _ext.build_info() == want
+  s = jax_llar.status()
+  assert (s["build"], s["nccl_compiled"]) == (want, 22809)
+
+
+def test_error_reports_load_nothing(monkeypatch):
+  monkeypatch.setattr(_ext, "_loaded", False)
+  monkeypatch.setattr(_ext, "_module", None)
+  assert jax_llar.error_reports() == []
+  assert _ext._loaded is False  # pylint: disable=protected-access
+
+
+# --- the extension's checks --------------------------------------------------------
+
+
+class _Ext:
+  """The attributes of jax_llar._llar that _ext reads."""
+  ALGORITHMS = {"one_shot_ll": 1}
+  MAX_BYTES = {"one_shot_ll": 262144}
+  MAX_RANKS = 16
+
+  def __init__(self, nccl=22809):
+    self.nccl = nccl
+
+  def nccl_runtime_version(self):
+    return self.nccl
+
+  def nccl_compiled_version(self):
+    return 22809
+
+  def error_reports(self):
+    return []
+
+
+def test_constants_match_algorithms():
+  assert _ext.constants_mismatch(_Ext()) is None
+  for name, bad in [("ALGORITHMS", {"one_shot_ll": 2}),
+                    ("ALGORITHMS", {"one_shot_ll": 1, "two_shot": 2}),
+                    ("MAX_BYTES", {"one_shot_ll": 131072}),
+                    ("MAX_RANKS", 8), ("MAX_RANKS", None)]:
+    ext = _Ext()
+    setattr(ext, name, bad)
+    message = _ext.constants_mismatch(ext)
+    assert message is not None and name in message, (name, bad)
+    assert "reinstall" in message
+
+
+def test_untested_versions_message():
+  assert _ext.TESTED_VERSIONS == {("0.11.2", 22809)}
+  assert _ext.untested_versions_message("0.11.2", 22809) is None
+  for jax_version, nccl in [("0.12.0.1", 22809), ("0.11.2", 23203),
+                            ("0.12.0.1", 23203)]:
+    m = _ext.untested_versions_message(jax_version, nccl)
+    assert f"jax {jax_version}" in m and _ext.nccl_version_string(nccl) in m
+    assert "tested: jax 0.11.2 with NCCL 2.28.9" in m
+  assert _ext.nccl_version_string(22809) == "2.28.9"
+  assert _ext.nccl_version_string(23203) == "2.32.3"
+
+
+def test_untested_pair_logged_once_on_load(monkeypatch, caplog):
+  caplog.set_level(logging.DEBUG, logger="jax_llar")
+  monkeypatch.setattr(_ext, "_loaded", True)
+  monkeypatch.setattr(_ext, "_module", _Ext(nccl=23203))
+  assert _ext.load(quiet=True) is _ext._module  # pylint: disable=protected-access
+  jax_llar.status()
+  assert caplog.records == []
+  for _ in range(3):
+    _ext.load()
+  (r,) = caplog.records
+  assert r.levelno == logging.WARNING and r.name == "jax_llar"
+  assert "2.32.3" in r.getMessage() and jax.__version__ in r.getMessage()
+  assert "jax 0.11.2 with NCCL 2.28.9" in r.getMessage()
+  # A tested pair: nothing.
+  caplog.clear()
+  jax_llar.clear_dispatch_log()
+  monkeypatch.setattr(_ext, "TESTED_VERSIONS",
+                      frozenset({(jax.__version__, 23203)}))
+  _ext.load()
+  assert caplog.records == []

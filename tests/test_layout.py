@@ -1,0 +1,385 @@
+"""The layout rules of the repository (issue 8), checked statically.
+
+(a) The library never imports the tools: no module of ``jax_llar/*.py``
+    imports ``jax_llar.tools``, and a process that imports jax_llar, lowers a
+    psum and asks for ``status()`` has no ``jax_llar.tools`` module loaded.
+(b) ``jax_llar/algorithms.py`` agrees with the C++ source: the ids of the
+    ``Algorithm`` enum (``ffi/include/llar/args.h``), the algorithm table
+    ``kAlgorithms`` (``ffi/src/kernels/kernels.h``: name, launcher and largest
+    payload per rank, indexed by id) and ``kMaxRanks``. (The GPU suite
+    compares with the loaded module's ``ALGORITHMS``, ``MAX_BYTES`` and
+    ``MAX_RANKS``; ``jax_llar._ext`` refuses an extension that differs.)
+(c) No comment or docstring in ``jax_llar/`` or ``ffi/`` quotes a
+    measurement (a number followed by us, ns or ms; a ratio such as "4.2x" or
+    "2.2-4.2x"): comments state the rule, ``benchmarks/NOTES.md`` keeps the
+    figures.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+import tokenize
+
+import pytest
+
+from jax_llar import algorithms
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "jax_llar"
+FFI = ROOT / "ffi"
+C_SUFFIXES = {".h", ".hpp", ".c", ".cc", ".cpp", ".cu", ".cuh"}
+
+
+# --- (a) the library never imports the tools ----------------------------------------
+
+
+def _tools_imports(path: pathlib.Path) -> list[str]:
+  """Imports of jax_llar.tools in one library module, as 'line: what'."""
+  tree = ast.parse(path.read_text(), filename=str(path))
+  found = []
+
+  def is_tools(name: str) -> bool:
+    return name == "jax_llar.tools" or name.startswith("jax_llar.tools.")
+
+  for node in ast.walk(tree):
+    names = []
+    if isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      if node.level:  # relative to the package jax_llar
+        base = "jax_llar" + ("." + node.module if node.module else "")
+      else:
+        base = node.module or ""
+      names = [base] + [f"{base}.{a.name}" for a in node.names]
+    elif isinstance(node, ast.Call):
+      fn = node.func
+      fn_name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+      if fn_name in ("import_module", "__import__") and node.args and isinstance(
+          node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+        names = [node.args[0].value]
+    hits = [n for n in names if is_tools(n)]
+    if hits:
+      found.append(f"{node.lineno}: {hits[0]}")
+  return found
+
+
+def test_library_modules_do_not_import_tools():
+  modules = sorted(PACKAGE.glob("*.py"))
+  assert len(modules) >= 10, modules
+  bad = {p.name: _tools_imports(p) for p in modules}
+  assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_tools_import_scan_finds_imports(tmp_path):
+  """The scan itself: every spelling of an import of the tools is found."""
+  src = tmp_path / "m.py"
+  src.write_text(textwrap.dedent("""\
+      import jax_llar.tools
+      import jax_llar.tools.bench as b
+      from jax_llar.tools import traces
+      from jax_llar import tools
+      from . import tools
+      from .tools.copy import copy
+      importlib.import_module("jax_llar.tools._native")
+      import jax_llar.testing
+      from jax_llar import testing
+      """))
+  assert [f.split(":")[0] for f in _tools_imports(src)] == [
+      "1", "2", "3", "4", "5", "6", "7"]
+
+
+def test_importing_and_using_the_library_loads_no_tool():
+  program = textwrap.dedent("""\
+      import sys
+      import jax, numpy as np
+      from jax.sharding import Mesh, PartitionSpec as P
+      import jax_llar
+      mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+      f = jax.jit(jax.shard_map(lambda v: jax_llar.psum(v, "x"), mesh=mesh,
+                                in_specs=P("x"), out_specs=P()))
+      f(np.ones((2, 4), np.float32))
+      jax.jit(jax.shard_map(lambda v: jax_llar.psum(v, "x"), mesh=mesh,
+                            in_specs=P("x"), out_specs=P())).trace(
+          np.ones((2, 4), np.float32)).lower(lowering_platforms=("cuda",))
+      with jax_llar.swap_psum():
+        pass
+      jax_llar.status(); jax_llar.error_reports(); jax_llar.dispatch_log()
+      assert len(jax_llar.dispatch_log()) == 2, jax_llar.dispatch_log()
+      loaded = sorted(m for m in sys.modules
+                      if m == "jax_llar.tools" or m.startswith("jax_llar.tools."))
+      assert not loaded, loaded
+      print("ok")
+      """)
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             PYTHONPATH=os.pathsep.join(
+                 [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+  r = subprocess.run([sys.executable, "-c", program], env=env, cwd=ROOT,
+                     capture_output=True, text=True, timeout=300, check=False)
+  assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
+
+
+# --- (b) algorithms.py against the C++ source -------------------------------------------
+
+
+def _c_sources() -> list[pathlib.Path]:
+  return sorted(p for p in FFI.rglob("*") if p.suffix in C_SUFFIXES)
+
+
+def _strip_c_comments(text: str) -> str:
+  return "".join(code for code, _ in _c_split(text))
+
+
+def _constexpr_expressions() -> dict[str, str]:
+  """name -> expression of every ``constexpr ... kName = expr;``."""
+  out = {}
+  pattern = re.compile(
+      r"constexpr\s+[\w:<>\s]+?\s(k\w+)\s*=\s*([^;{}]+);", re.S)
+  for path in _c_sources():
+    for name, expr in pattern.findall(_strip_c_comments(path.read_text())):
+      out.setdefault(name, " ".join(expr.split()))
+  return out
+
+
+def _evaluate(name: str, exprs: dict[str, str]) -> int:
+  """Integer value of the constant `name`, following other constants."""
+  expr = exprs[name]
+  expr = re.sub(r"static_cast<[^<>]+>", "", expr)
+  expr = re.sub(r"\b(?:std::)?(?:size_t|u?int(?:8|16|32|64)_t|int|unsigned)\s*\(",
+                "(", expr)
+  expr = re.sub(r"\b(\d+)(?:[uU]|[lL]{1,2}|[uU][lL]{1,2})\b", r"\1", expr)
+  tree = ast.parse(expr, mode="eval")
+
+  def ev(node):
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+      return node.value
+    if isinstance(node, ast.Name):
+      return _evaluate(node.id, exprs)
+    if isinstance(node, ast.BinOp):
+      ops = {ast.Mult: lambda a, b: a * b, ast.Add: lambda a, b: a + b,
+             ast.Sub: lambda a, b: a - b, ast.FloorDiv: lambda a, b: a // b,
+             ast.Div: lambda a, b: a // b, ast.LShift: lambda a, b: a << b}
+      return ops[type(node.op)](ev(node.left), ev(node.right))
+    raise ValueError(f"cannot evaluate {name} = {exprs[name]}")
+
+  return ev(tree.body)
+
+
+def _upper_snake(enumerator: str) -> str:
+  """kOneShotLL -> ONE_SHOT_LL."""
+  words = re.findall(r"[A-Z]+[0-9]*(?![a-z])|[A-Z][a-z0-9]*", enumerator[1:])
+  return "_".join(w.upper() for w in words)
+
+
+def _algorithm_enum() -> dict[str, int]:
+  pattern = re.compile(r"enum\s+class\s+Algorithm\b[^{]*\{([^}]*)\}", re.S)
+  found = {}
+  for path in _c_sources():
+    for body in pattern.findall(_strip_c_comments(path.read_text())):
+      for item in body.split(","):
+        if item.strip():
+          name, value = (s.strip() for s in item.split("="))
+          found[_upper_snake(name)] = int(value, 0)
+  return found
+
+
+def _algorithm_table() -> list[tuple[str | None, str]]:
+  """The rows of ``kAlgorithms[]``: (name or None, max_bytes expression),
+  in order (the row index is the FFI id)."""
+  pattern = re.compile(r"AlgorithmEntry\s+kAlgorithms\s*\[\s*\]\s*=\s*\{(.*?)\};",
+                       re.S)
+  row = re.compile(r"\{\s*(nullptr|\"(\w+)\")\s*,\s*[^,]+,\s*([^}]+?)\s*\}")
+  for path in _c_sources():
+    m = pattern.search(_strip_c_comments(path.read_text()))
+    if m:
+      return [(name or None, expr) for _, name, expr in row.findall(m.group(1))]
+  pytest.fail("no `AlgorithmEntry kAlgorithms[] = {...};` under ffi/: the "
+              "algorithm table moved; update tests/test_layout.py")
+
+
+def test_algorithm_ids_equal_the_cpp_enum():
+  enum = _algorithm_enum()
+  assert enum, "enum class Algorithm not found under ffi/"
+  assert enum == {a.name: int(a) for a in algorithms.Algorithm}
+
+
+def test_algorithm_table_equals_algorithms_py():
+  exprs = _constexpr_expressions()
+  rows = _algorithm_table()
+  assert rows and rows[0] == (None, "0"), rows  # id 0: no algorithm
+  ids = {name: i for i, (name, _) in enumerate(rows) if name}
+  max_bytes = {name: _evaluate(expr, exprs) if expr in exprs else int(expr)
+               for name, expr in rows if name}
+  assert ids == {a.short_name: int(a) for a in algorithms.Algorithm}
+  assert max_bytes == {a.short_name: n for a, n in algorithms.MAX_BYTES.items()}
+
+
+def test_max_ranks_equals_cpp():
+  exprs = _constexpr_expressions()
+  assert _evaluate("kMaxRanks", exprs) == algorithms.MAX_RANKS
+  # The one-shot limit, from the scratch geometry of args.h.
+  assert (_evaluate("kOneShotMaxBytes", exprs)
+          == algorithms.MAX_BYTES[algorithms.Algorithm.ONE_SHOT_LL])
+
+
+def test_cpp_parsing_helpers():
+  assert _upper_snake("kOneShotLL") == "ONE_SHOT_LL"
+  assert _upper_snake("kTwoShotLL128Atomic") == "TWO_SHOT_LL128_ATOMIC"
+  exprs = {"kA": "64", "kB": "std::size_t(kA) * 512u * static_cast<int>(8)",
+           "kC": "(kB + 2) / 2"}
+  assert _evaluate("kB", exprs) == 64 * 512 * 8
+  assert _evaluate("kC", exprs) == (64 * 512 * 8 + 2) // 2
+
+
+# --- (c) no measurement in comments or docstrings ----------------------------------------
+
+# A decimal number (or a range with one) followed by a time unit, such as
+# "0.75 us" or "2.06-2.82 us", or a ratio such as "6x", "4.2x" or "2.2-4.2x".
+# Integers with a time unit ("gaps up to 5 us") are thresholds the code
+# applies, not measurements, and pass.
+_INT = r"(?<![\w.])\d+"
+_DEC = r"(?<![\w.])\d+\.\d+"
+_TO = r"\s*(?:-|–|to)\s*"
+_TIME = r"\s*(?:us|µs|μs|ns|ms)\b"
+MEASUREMENT = re.compile(
+    rf"{_DEC}(?:{_TO}\d+(?:\.\d+)?)?{_TIME}"
+    rf"|{_INT}{_TO}\d+\.\d+{_TIME}"
+    rf"|{_INT}(?:\.\d+)?(?:{_TO}\d+(?:\.\d+)?)?x(?![\w])")
+
+
+def _c_split(text: str):
+  """Yields (code, comment) pieces of C/C++/CUDA source: string and char
+  literals stay in code, // and /* */ comments go to comment."""
+  i, n = 0, len(text)
+  code = []
+  while i < n:
+    c = text[i]
+    if text.startswith("//", i):
+      j = text.find("\n", i)
+      j = n if j < 0 else j
+      yield "".join(code), text[i:j]
+      code = []
+      i = j
+    elif text.startswith("/*", i):
+      j = text.find("*/", i + 2)
+      j = n if j < 0 else j + 2
+      yield "".join(code), text[i:j]
+      code = []
+      i = j
+    elif c in "\"'":
+      j = i + 1
+      while j < n and text[j] != c:
+        j += 2 if text[j] == "\\" else 1
+      code.append(text[i:j + 1])
+      i = j + 1
+    else:
+      code.append(c)
+      i += 1
+  yield "".join(code), ""
+
+
+def _python_comments_and_docstrings(path: pathlib.Path) -> list[tuple[int, str]]:
+  text = path.read_text()
+  out = []
+  for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+    if tok.type == tokenize.COMMENT:
+      out.append((tok.start[0], tok.string))
+  for node in ast.walk(ast.parse(text)):
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                         ast.AsyncFunctionDef)):
+      doc = ast.get_docstring(node, clean=False)
+      if doc is not None:
+        out.append((node.body[0].lineno, doc))
+  return out
+
+
+def _c_comments(path: pathlib.Path) -> list[tuple[int, str]]:
+  text = path.read_text()
+  out, offset = [], 0
+  for code, comment in _c_split(text):
+    offset += len(code)
+    if comment:
+      out.append((text.count("\n", 0, offset) + 1, comment))
+      offset += len(comment)
+  return out
+
+
+def _cmake_comments(path: pathlib.Path) -> list[tuple[int, str]]:
+  return [(i, line[line.index("#"):])
+          for i, line in enumerate(path.read_text().splitlines(), 1)
+          if "#" in line]
+
+
+def measurements_in_comments() -> dict[str, list[str]]:
+  """'path: [line: text, ...]' for every comment or docstring of jax_llar/
+  and ffi/ that quotes a measurement."""
+  found = {}
+  files = sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+  files += sorted(p for p in FFI.rglob("*")
+                  if p.suffix in C_SUFFIXES or p.name == "CMakeLists.txt"
+                  or p.suffix == ".cmake" or p.suffix == ".py")
+  for path in files:
+    if path.suffix == ".py":
+      pieces = _python_comments_and_docstrings(path)
+    elif path.suffix in C_SUFFIXES:
+      pieces = _c_comments(path)
+    else:
+      pieces = _cmake_comments(path)
+    hits = []
+    for line, piece in pieces:
+      for k, text_line in enumerate(piece.splitlines()):
+        for m in MEASUREMENT.finditer(text_line):
+          hits.append(f"{line + k}: {m.group(0)!r} in {text_line.strip()!r}")
+    if hits:
+      found[str(path.relative_to(ROOT))] = hits
+  return found
+
+
+def test_measurement_pattern():
+  for quoted in ["0.75 us", "2.06-2.82 us", "about 0.1 us slower", "136.0 ns",
+                 "1.5ms", "2.2-4.2x faster", "4.2x", "6x", "0.50 us",
+                 "1.09 to 1.73 us", "2-2.5 us", "7 - 8.25 µs"]:
+    assert MEASUREMENT.search(quoted), quoted
+  for rule in ["16-byte LL lines", "0x7FC00001", "2 x H200", "timeout_ns",
+               "%globaltimer, ns", "64 lines per block", "x86_64", "sm_90",
+               "1e6", "a 48-byte block", "bounded by JAX_LLAR_TIMEOUT_MS",
+               "gaps up to 5 us", "default 30000 ms", "version 2.28.9"]:
+    assert not MEASUREMENT.search(rule), rule
+
+
+def test_comment_scanners(tmp_path):
+  c = tmp_path / "a.cu"
+  c.write_text('int a = 1;  // took 0.75 us\nconst char* s = "// 9 us";\n'
+               '/* 2.2-4.2x\n faster */ int b;\n')
+  assert [(n, t) for n, t in _c_comments(c)] == [
+      (1, "// took 0.75 us"), (3, "/* 2.2-4.2x\n faster */")]
+  p = tmp_path / "a.py"
+  p.write_text('"""Module: 3 ns."""\nx = "5 us"  # 4.2x\n'
+               'def f():\n  """Doc 1.0 ms."""\n')
+  assert sorted(t for _, t in _python_comments_and_docstrings(p)) == [
+      "# 4.2x", "Doc 1.0 ms.", "Module: 3 ns."]
+
+
+def test_no_measurement_in_library_comments():
+  found = measurements_in_comments()
+  report = "\n".join(f"{path}:\n  " + "\n  ".join(hits)
+                     for path, hits in found.items())
+  assert not found, ("comments or docstrings quote measurements (state the "
+                     "rule; figures go to benchmarks/NOTES.md):\n" + report)
+
+
+def test_package_docstring_quotes_no_speed():
+  """Issue 15, item 7: ``jax_llar.__doc__`` makes no speed claim (the
+  README's performance section holds the figures)."""
+  import jax_llar  # pylint: disable=g-import-not-at-top
+  doc = jax_llar.__doc__
+  assert "psum" in doc and "README" in doc
+  assert not MEASUREMENT.search(doc)
+  assert not re.search(r"\bfaster\b|\bspeed-?up\b|\d+(\.\d+)?x\b", doc)
