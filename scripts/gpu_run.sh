@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
-# One command for the 2 x H200 machine: build, GPU tests, graph check,
-# benchmarks, main job. Writes logs and results under $OUT (default ./out)
-# and prints a short table last.
+# One command for a GPU machine: build, GPU tests, graph check, benchmarks
+# and the tensor-parallel decode. Writes logs and results under $OUT (default
+# ./out) and prints a short table last.
 #
 #   scripts/gpu_run.sh [stage ...]     stages: build tests graph kbench sol bench
 #                                      flags demo (default: all but flags, in
 #                                      that order)
-# Environment: BENCH_ARGS (extra args for jax_llar.bench), FLAGS_ARGS (the
-# same for the flags stage: lax.psum under each XLA flag of MEASURED.md),
-# KBENCH_ARGS, TEST_ARGS (extra pytest args), DEMO_ARGS, STAGE_TIMEOUT
-# (seconds per stage, default 900).
+#
+# Stages and their commands:
+#   build   pip install --no-build-isolation --no-deps -e .
+#   tests   JAX_LLAR_TEST_GPU=1 pytest tests/gpu
+#   graph   python -m jax_llar.tools.graphcheck --timeline_copy
+#   kbench  python -m jax_llar.tools.bench --level kernel
+#   sol     python -m jax_llar.tools.sol --kernel_json <the kbench result>
+#   bench   python -m jax_llar.tools.bench --level jax
+#   flags   python -m jax_llar.tools.bench --level jax --psum_flags (lax.psum
+#           under XLA flags that target small all-reduces, one process each)
+#   demo    python examples/tp_decode/main.py --json $OUT/demo.json
+# Environment: BENCH_ARGS, FLAGS_ARGS, KBENCH_ARGS, SOL_ARGS, GRAPH_ARGS,
+# DEMO_ARGS (extra flags of those commands), TEST_ARGS (extra pytest
+# arguments), SOL_KERNEL_JSON (a kernel-level result for sol; default: the
+# kbench stage's), STAGE_TIMEOUT (seconds per stage, default 900), PY.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
@@ -45,13 +56,14 @@ run_stage() {
 for s in "${stages[@]}"; do
   case $s in
     build) run_stage build $PY -m pip install --no-build-isolation --no-deps -v -e . || break ;;
-    tests) JAX_LLAR_TEST_GPU=1 run_stage tests $PY -m pytest -q -rs -p no:cacheprovider ${TEST_ARGS:-} tests/test_gpu.py ;;
-    graph) run_stage graph $PY -m jax_llar.graphcheck --timeline-copy --out /tmp/llar_graphcheck ;;
-    kbench) run_stage kbench $PY -m jax_llar.bench --level kernel --out "$OUT" ${KBENCH_ARGS:-} ;;
-    sol) run_stage sol $PY -m jax_llar.sol --out "$OUT" --kernel-json "${SOL_KERNEL_JSON:-$OUT/$(ls "$OUT" | grep -m1 -- '-kernel.json$')}" ;;
-    bench) run_stage bench $PY -m jax_llar.bench --level jax --out "$OUT" ${BENCH_ARGS:-} ;;
-    flags) run_stage flags $PY -m jax_llar.bench --level jax --out "$OUT" --psum-flags --tag=-flags ${FLAGS_ARGS:-} ;;
-    demo) run_stage demo $PY -m jax_llar.demo --json "$OUT/demo.json" ${DEMO_ARGS:-} ;;
+    tests) JAX_LLAR_TEST_GPU=1 run_stage tests $PY -m pytest -q -rs -p no:cacheprovider ${TEST_ARGS:-} tests/gpu ;;
+    graph) run_stage graph $PY -m jax_llar.tools.graphcheck --timeline_copy --out /tmp/llar_graphcheck ${GRAPH_ARGS:-} ;;
+    kbench) run_stage kbench $PY -m jax_llar.tools.bench --level kernel --out "$OUT" ${KBENCH_ARGS:-} ;;
+    sol) run_stage sol $PY -m jax_llar.tools.sol --out "$OUT" ${SOL_ARGS:-} \
+           --kernel_json "${SOL_KERNEL_JSON:-$OUT/$(ls "$OUT" | grep -m1 -- '-kernel.json$')}" ;;
+    bench) run_stage bench $PY -m jax_llar.tools.bench --level jax --out "$OUT" ${BENCH_ARGS:-} ;;
+    flags) run_stage flags $PY -m jax_llar.tools.bench --level jax --out "$OUT" --psum_flags --tag=-flags ${FLAGS_ARGS:-} ;;
+    demo) run_stage demo $PY examples/tp_decode/main.py --json "$OUT/demo.json" ${DEMO_ARGS:-} ;;
     *) log "unknown stage $s" ;;
   esac
 done
@@ -61,7 +73,7 @@ printf '%s\n' "${summary[@]}"
 grep -E "passed|failed|error" "$OUT/tests.log" 2>/dev/null | tail -n 3
 grep -E "us/call" "$OUT/kbench.log" 2>/dev/null | head -n 40
 grep -E "SoL|one-shot kernel|_ns|_us " "$OUT/sol.log" 2>/dev/null
-grep -A30 "^dtype " "$OUT/bench.log" 2>/dev/null | head -n 20
+grep -A30 "^dtype " "$OUT/bench.log" 2>/dev/null | head -n 22
 grep -A12 "^lax.psum under XLA flags" "$OUT/flags.log" 2>/dev/null
 grep -E "^(lax.psum|jax_llar.psum|speed-up)" "$OUT/demo.log" 2>/dev/null
 grep -E '"in_command_buffer": (true|false)' "$OUT/graph.log" 2>/dev/null | tail -n 1

@@ -1,0 +1,142 @@
+"""Benchmarks of jax_llar against lax.psum and XLA's own cost per call.
+
+  python -m jax_llar.tools.bench --level jax      jitted chains, microseconds per step
+  python -m jax_llar.tools.bench --level kernel   the kernels alone, microseconds per call
+
+JAX level: a jitted shard_map chain of K steps x = op(x) * f[rank] per
+implementation (lax.psum, ffi.copy: a copy kernel behind the same FFI path as
+jax_llar, llar.one_shot_ll: jax_llar.psum); the per-step time is the slope
+between chain lengths --k_short and --k_long. Without a GPU it runs on 2
+forced CPU devices, where jax_llar falls back to lax.psum (rows marked '*').
+
+Kernel level (needs 2+ CUDA GPUs and the CUDA extension): --kernel_iters
+back-to-back calls of each kernel in one CUDA graph per rank, all ranks
+launched together; per call, the maximum over ranks.
+
+Every row is checked bitwise against a reference on random data before it
+is timed; the exit status is 1 when any row matched no reference. Results
+go to OUT/<machine>-<yyyymmdd>-<level><tag>.json (and .png with matplotlib).
+The method: benchmarks/METHOD.md in the repository.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+from jax_llar.tools import _cli, _native, host, jax_level, kernel_level, report
+
+_ALL_IMPLS = jax_level.IMPLS + jax_level.DIAG_IMPLS
+
+LEVEL = flags.DEFINE_enum("level", "jax", ["jax", "kernel"],
+                          "jax: jitted shard_map chains (slope method); kernel: CUDA "
+                          "graphs of back-to-back kernel calls, without XLA.")
+SIZES = flags.DEFINE_list("sizes", [str(s) for s in jax_level.DEFAULT_SIZES],
+                          "Payload sizes, bytes per rank.")
+DTYPES = flags.DEFINE_list("dtypes", ["f32", "bf16"],
+                           "Element types: f32, bf16, f16 (or float32, bfloat16, float16).")
+IMPLS = flags.DEFINE_list(
+    "impls", None,
+    f"Implementations to run (default: all of the level's). Jax level: "
+    f"{', '.join(jax_level.IMPLS)}, and the diagnostic {', '.join(jax_level.DIAG_IMPLS)}. "
+    f"Kernel level: {', '.join(kernel_level.KERNEL_IMPLS)}.")
+K_SHORT = flags.DEFINE_integer("k_short", 32, "Short chain length, steps (jax level).",
+                               lower_bound=1)
+K_LONG = flags.DEFINE_integer("k_long", 512, "Long chain length, steps (jax level).",
+                              lower_bound=2)
+CALLS = flags.DEFINE_integer("calls", 120,
+                             "Timed calls per chain length and implementation (jax level).",
+                             lower_bound=1)
+ROUNDS = flags.DEFINE_integer("rounds", 6,
+                              "Interleaved timing rounds (jax level) or graph replays "
+                              "(kernel level).", lower_bound=1)
+KERNEL_ITERS = flags.DEFINE_integer("kernel_iters", 1000,
+                                    "Calls captured per CUDA graph (kernel level; NCCL "
+                                    f"uses {kernel_level.NCCL_ITERS}).", lower_bound=1)
+WORLD = flags.DEFINE_integer("world", 0, "Devices to use (0: all).", lower_bound=0)
+SEED = flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
+TIMELINE_MAX_BYTES = flags.DEFINE_integer(
+    "timeline_max_bytes", 4096,
+    "On GPUs, also read the per-step device period from a profiler trace at "
+    "sizes up to this many bytes per rank (jax level; not for lax.psum).", lower_bound=0)
+ANATOMY_BYTES = flags.DEFINE_integer(
+    "anatomy_bytes", 0,
+    "On GPUs, also split the wall time of a call into host time before the "
+    "first all-reduce kernel, device time and host time after, from the "
+    "kernels' call trace, at this size per rank (jax level; 0: off).", lower_bound=0)
+PSUM_FLAGS = flags.DEFINE_bool(
+    "psum_flags", False,
+    "Also time lax.psum under XLA flags that target small all-reduces, each "
+    "flag in its own subprocess (jax level). The flags: " +
+    "; ".join(jax_level.PSUM_FLAGS) + " (or those given with --psum_flag).")
+PSUM_FLAG = flags.DEFINE_multi_string(
+    "psum_flag", None,
+    "An XLA flag for --psum_flags in place of the default set")
+FLAG_TIMEOUT = flags.DEFINE_integer("flag_timeout", 600,
+                                    "Seconds allowed per --psum_flags subprocess.",
+                                    lower_bound=1)
+OUT = flags.DEFINE_string(
+    "out", report.default_out_dir(),
+    "Folder for the result files (default: jax_llar_results in the temporary "
+    "folder, TMPDIR). Pass --out=benchmarks/results to add a run to the "
+    "repository's results.")
+TAG = flags.DEFINE_string("tag", "", "Suffix of the result file names.")
+
+flags.register_validator(
+    "sizes", lambda v: all(s.isdigit() and int(s) > 0 for s in v),
+    "--sizes must be positive integers (bytes per rank)")
+flags.register_validator(
+    "dtypes", lambda v: bool(v) and all(d in jax_level.DTYPES for d in v),
+    "--dtypes must name f32, bf16 or f16 (or float32, bfloat16, float16)")
+
+
+@flags.multi_flags_validator(["level", "impls"],
+                             message="--impls names an implementation the level does not have")
+def _impls_known(v) -> bool:
+  known = _ALL_IMPLS if v["level"] == "jax" else tuple(kernel_level.KERNEL_IMPLS)
+  return v["impls"] is None or all(i in known for i in v["impls"])
+
+
+@flags.multi_flags_validator(["k_short", "k_long"],
+                             message="--k_long must be larger than --k_short")
+def _chain_lengths(v) -> bool:
+  return v["k_long"] > v["k_short"]
+
+
+def main() -> int:
+  sizes = tuple(int(s) for s in SIZES.value)
+  dtypes = tuple(DTYPES.value)
+  if LEVEL.value == "jax" and not host.gpu_present():
+    changed = host.use_cpu(2)
+    if changed:
+      print("jax_llar.tools.bench: no GPU here; running on forced CPU devices ("
+            + ", ".join(changed) + ")", flush=True)
+  if LEVEL.value == "kernel":
+    if _native.load() is None:
+      print(f"jax_llar.tools.bench: the kernel level needs 2+ CUDA GPUs and the CUDA "
+            f"extension: {_native.reason()}")
+      return 1
+    result = kernel_level.run(kernel_level.Settings(
+        impls=tuple(IMPLS.value or kernel_level.KERNEL_IMPLS), sizes=sizes, dtypes=dtypes,
+        iters=KERNEL_ITERS.value, reps=ROUNDS.value, world=WORLD.value, seed=SEED.value))
+  else:
+    result = jax_level.run(jax_level.Settings(
+        impls=tuple(IMPLS.value or jax_level.IMPLS), sizes=sizes, dtypes=dtypes,
+        k_short=K_SHORT.value, k_long=K_LONG.value, calls=CALLS.value,
+        rounds=ROUNDS.value, world=WORLD.value, seed=SEED.value,
+        timeline_max_bytes=TIMELINE_MAX_BYTES.value, anatomy_bytes=ANATOMY_BYTES.value,
+        psum_flags=tuple(PSUM_FLAG.value or jax_level.PSUM_FLAGS) if PSUM_FLAGS.value else (),
+        flag_timeout_s=FLAG_TIMEOUT.value))
+  paths = report.save(result, OUT.value, report.stem(LEVEL.value, TAG.value),
+                      plot_title=report.machine_name())
+  if LEVEL.value == "jax":
+    report.print_jax_table(result["rows"])
+  print(f"saved {', '.join(paths)}")
+  bad = [r for r in result["rows"] if not r["correct"]]
+  if bad:
+    print(f"{len(bad)} row(s) matched no reference: "
+          + ", ".join(f"{r['impl']} {r['dtype']} {r['bytes_per_rank']} B" for r in bad[:10]))
+  return 1 if bad else 0
+
+
+if __name__ == "__main__":
+  _cli.run(main)

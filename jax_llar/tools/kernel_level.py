@@ -1,0 +1,185 @@
+"""The kernel level: per-call time of the kernels, without XLA.
+
+Every rank captures ``iters`` back-to-back calls of one kernel into a CUDA
+graph; all ranks launch their graphs together. Per-call time = elapsed /
+iters from CUDA events on each rank's stream, the maximum over ranks; a row
+gives the median, minimum and maximum over ``reps`` replays (microseconds).
+The native kernel bench (``jax_llar.tools._llar_tools.kernel_bench``) does
+the capture and timing; this module maps impl names to its arguments and
+checks every output bitwise against a host reference. The method is
+described in benchmarks/METHOD.md in the repository.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Sequence
+
+import numpy as np
+
+from jax_llar import testing
+from jax_llar.algorithms import MAX_BYTES, Algorithm
+from jax_llar.tools import _native
+
+# What a kernel's output must equal on each rank.
+SUM = "sum"            # the float64 rank-order sum of all inputs, rounded once
+OWN_INPUT = "own"      # the rank's own input (a copy)
+LOOPBACK = "loopback"  # the rank's own input summed world-size times
+NCCL = "nccl"          # NCCL's sum: bitwise for two ranks, else within 1e-2
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelImpl:
+  """The native kernel bench's arguments for one impl.
+
+  Attributes:
+    kind: ``"one_shot_ll"``, ``"copy"`` or ``"nccl"``.
+    variant: one_shot_ll only: ``""`` (the all-reduce), ``"loopback"``,
+      ``"send_loopback"`` or ``"traced"``.
+    generic: one_shot_ll only: the run-time world-size kernel.
+    block_lines: one_shot_ll only: lines per block of the grid rule (0: the
+      production rule).
+    expect: the reference its outputs must equal (SUM, OWN_INPUT, LOOPBACK,
+      NCCL).
+  """
+  kind: str
+  variant: str = ""
+  generic: bool = False
+  block_lines: int = 0
+  expect: str = SUM
+
+
+KERNEL_IMPLS = {
+    Algorithm.ONE_SHOT_LL.impl: KernelImpl("one_shot_ll"),
+    "kernel.copy": KernelImpl("copy", expect=OWN_INPUT),
+    "nccl.allreduce": KernelImpl("nccl", expect=NCCL),
+    # Not an all-reduce: one_shot_ll with every peer store looped back into
+    # the rank's own scratch (no network).
+    "diag.one_shot_ll_loopback": KernelImpl("one_shot_ll", "loopback", expect=LOOPBACK),
+    # The loopback kernel that also sends every line to each peer's
+    # diagnostic area (never read): what outstanding remote stores cost a
+    # kernel that does not wait for a peer.
+    "diag.one_shot_ll_send_loopback": KernelImpl("one_shot_ll", "send_loopback",
+                                                 expect=LOOPBACK),
+    # The call-trace variant of one_shot_ll.
+    "diag.one_shot_ll_traced": KernelImpl("one_shot_ll", "traced"),
+    # The run-time world-size kernel (groups of other than 2, 4 or 8 ranks).
+    "diag.one_shot_ll_generic": KernelImpl("one_shot_ll", generic=True),
+    # The grid rule with 128 or 256 lines per block instead of the production rule.
+    "diag.one_shot_ll_b128": KernelImpl("one_shot_ll", block_lines=128),
+    "diag.one_shot_ll_b256": KernelImpl("one_shot_ll", block_lines=256),
+}
+# Calls per graph for NCCL (its per-call cost is higher; fewer calls suffice).
+NCCL_ITERS = 200
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What one kernel-level run measures.
+
+  Attributes:
+    impls: keys of `KERNEL_IMPLS`.
+    sizes: payload bytes per rank (one_shot_ll rows above its limit are
+      skipped).
+    dtypes: ``"f32"``, ``"bf16"``, ``"f16"`` (or the long names).
+    iters: calls captured per graph (NCCL: NCCL_ITERS).
+    reps: graph replays.
+    world: devices to use (0: all).
+    seed: seed of the random inputs.
+  """
+  impls: tuple[str, ...] = tuple(KERNEL_IMPLS)
+  sizes: tuple[int, ...] = (64, 256, 1024, 4096, 16384, 65536, 262144)
+  dtypes: tuple[str, ...] = ("f32", "bf16")
+  iters: int = 1000
+  reps: int = 6
+  world: int = 0
+  seed: int = 0
+
+
+def expected(spec: KernelImpl, inputs: Sequence[np.ndarray], dtype) -> list[np.ndarray]:
+  """Each rank's reference output for `spec` (see KernelImpl.expect)."""
+  if spec.expect == OWN_INPUT:
+    return list(inputs)
+  if spec.expect == LOOPBACK:
+    return [testing.rank_order_sum([x] * len(inputs), dtype) for x in inputs]
+  return [testing.rank_order_sum(inputs, dtype)] * len(inputs)
+
+
+def outputs_correct(spec: KernelImpl, outs: Sequence[np.ndarray],
+                    inputs: Sequence[np.ndarray], dtype) -> bool:
+  """Whether every rank's output equals its reference bitwise (NCCL beyond
+  two ranks: within a relative 1e-2, its ring order not being rank order)."""
+  want = expected(spec, inputs, dtype)
+  if spec.expect == NCCL and len(inputs) > 2:
+    return all(np.allclose(o.astype(np.float64), w.astype(np.float64), rtol=1e-2)
+               for o, w in zip(outs, want))
+  return all(testing.bitwise_equal(o, w) for o, w in zip(outs, want))
+
+
+def bench(mod, comm_id: int, spec: KernelImpl, inputs: Sequence[np.ndarray], iters: int,
+          reps: int) -> tuple[list[list[float]], list[np.ndarray]]:
+  """One native kernel-bench run of `spec` on the communicator set
+  `comm_id`, rank r holding ``inputs[r]`` (all of one dtype and length).
+
+  Returns:
+    (microseconds per call as [rep][rank], each rank's output array).
+
+  Raises:
+    RuntimeError: from the native bench (unknown set, size above the
+      one-shot limit, CUDA or NCCL errors).
+  """
+  dtype = np.dtype(inputs[0].dtype)
+  us, outs = mod.kernel_bench(comm_id, spec.kind, mod.DTYPE_CODES[str(dtype)],
+                              [np.ascontiguousarray(x).tobytes() for x in inputs],
+                              iters, reps, variant=spec.variant, generic=spec.generic,
+                              block_lines=spec.block_lines)
+  return [list(r) for r in us], [np.frombuffer(o, dtype) for o in outs]
+
+
+def run(s: Settings) -> dict:
+  """Runs the kernel level; prints one line per row as it goes.
+
+  Returns:
+    ``{"env", "level": "kernel", "rows"}``; row keys: impl, world_size,
+    dtype, bytes_per_rank, us_per_call (median over replays of the maximum
+    over ranks), us_min, us_max, iters, reps, correct.
+
+  Raises:
+    RuntimeError: when the native tools module is unavailable (no CUDA
+      extension or fewer than two CUDA GPUs).
+  """
+  import jax
+  from jax_llar import comm
+  from jax_llar.tools import jax_level, report
+  mod = _native.require("the kernel level")
+  devices = jax.devices()[: s.world or jax.device_count()]
+  cs = comm.get_or_create([[d.local_hardware_id for d in devices]])
+  rng = np.random.default_rng(s.seed)
+  limit = MAX_BYTES[Algorithm.ONE_SHOT_LL]
+  rows = []
+  if any(KERNEL_IMPLS[i].variant == "traced" for i in s.impls):
+    # The trace variant then stores its timestamps, as it would in use.
+    mod.enable_call_trace(cs.comm_id)
+  for dt_name in s.dtypes:
+    dtype = jax_level.DTYPES[dt_name]
+    for nbytes in s.sizes:
+      n = max(1, nbytes // dtype.itemsize)
+      inputs = [testing.random_array(rng, (n,), dtype) for _ in devices]
+      for impl in s.impls:
+        spec = KERNEL_IMPLS[impl]
+        if spec.kind == "one_shot_ll" and n * dtype.itemsize > limit:
+          continue
+        iters = NCCL_ITERS if spec.kind == "nccl" else s.iters
+        us, outs = bench(mod, cs.comm_id, spec, inputs, iters, s.reps)
+        per_rep = [max(r) for r in us]
+        row = {"impl": impl, "world_size": len(devices), "dtype": str(dtype),
+               "bytes_per_rank": n * dtype.itemsize,
+               "us_per_call": statistics.median(per_rep), "us_min": min(per_rep),
+               "us_max": max(per_rep), "iters": iters, "reps": s.reps,
+               "correct": outputs_correct(spec, outs, inputs, dtype)}
+        rows.append(row)
+        print(f"{impl:30s} {dt_name:5s} {row['bytes_per_rank']:9d} B "
+              f"{row['us_per_call']:8.2f} us/call [min {row['us_min']:.2f}] "
+              f"correct={row['correct']}", flush=True)
+  return {"env": report.environment(), "level": "kernel", "rows": rows}

@@ -1,0 +1,68 @@
+"""Child program of the graph check: runs a chain and profiles it.
+
+    python -m jax_llar.tools.programs.graph_child TRACE_DIR IMPL
+
+IMPL is ``llar`` (jax_llar.psum) or ``copy`` (the copy custom call). Builds a
+jitted shard_map chain of 64 steps ``x = op(x) * (axis_index + 1) * 0.25``
+over all devices on float32 (1024 elements per rank), runs it three times,
+then five more times under ``jax.profiler.trace(TRACE_DIR)``. XLA's dump
+goes wherever ``XLA_FLAGS`` says (the parent sets ``--xla_dump_to``).
+
+Prints one JSON line: ``{"impl", "devices", "platform", "decisions" (impl
+name of each lowering decision), "fast" (any on the fast path),
+"trace_error" (None, or why the profiler failed: the dump is the primary
+evidence)}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) != 3 or argv[2] not in ("llar", "copy"):
+    print(__doc__, file=sys.stderr)
+    return 2
+  trace_dir, impl = argv[1], argv[2]
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax import lax
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+  import jax_llar
+  from jax_llar.tools import copy as copy_call
+
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  op = copy_call.copy if impl == "copy" else (lambda v: jax_llar.psum(v, "x"))
+
+  def body(x):
+    f = (lax.axis_index("x") + 1).astype(x.dtype)
+    for _ in range(64):
+      x = op(x) * f * 0.25
+    return x
+
+  fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                             check_vma=False))
+  x = jax.device_put(jnp.ones(1024 * mesh.size, jnp.float32), NamedSharding(mesh, P("x")))
+  for _ in range(3):
+    fn(x).block_until_ready()
+  try:
+    with jax.profiler.trace(trace_dir):
+      for _ in range(5):
+        fn(x).block_until_ready()
+    trace_error = None
+  except Exception as e:  # noqa: BLE001 - the dump is the primary evidence
+    trace_error = f"{type(e).__name__}: {e}"
+  decisions = jax_llar.dispatch_log()
+  print(json.dumps({"impl": impl, "devices": mesh.size,
+                    "platform": mesh.devices.flat[0].platform,
+                    "decisions": [d.impl for d in decisions],
+                    "fast": any(d.fast for d in decisions),
+                    "trace_error": trace_error}))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

@@ -1,0 +1,103 @@
+"""Speed of light: what the hardware allows a one-shot all-reduce.
+
+  python -m jax_llar.tools.sol [--kernel_us US | --kernel_json FILE]
+
+Needs 2+ CUDA GPUs and the CUDA extension. Measures, with one GPU thread and
+device timestamps from the GPU's global timer:
+
+  fence_ns               one __threadfence() per call
+  fence_system_ns        one __threadfence_system() per call
+  l2_chase_ns            a dependent ld.global.cg load over 8 MiB (L2 hits)
+  remote_4b_ns           a 4-byte store until the peer sees it (half a ping-pong)
+  remote_ll_ns           the same with one 16-byte LL line {d0, flag, d1, flag}
+  fanout_ll_ns[k-1]      the same when the sender stores to k peers and waits
+                         for all k echoes (k = 1 .. N-1)
+  empty_kernel_graph_us  per empty kernel, 1,000 of them in one CUDA graph
+
+and prints the two speed-of-light estimates of the model of arXiv
+2607.16100, L_SoL = 2 x L_L2 + L_remote, with L_L2 the fence (the paper's
+choice) or the pointer chase, and L_remote the LL-line latency, in
+microseconds. Given a measured one-shot time (--kernel_us, or the smallest
+llar.one_shot_ll row of a kernel-level result file, --kernel_json), it
+prints the kernel's ratio to both. The result goes to
+OUT/<machine>-<yyyymmdd>-sol.json. The method: benchmarks/METHOD.md in the
+repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from absl import flags
+
+from jax_llar.tools import _cli, _native, report
+
+ITERS = flags.DEFINE_integer("iters", 10_000, "Repetitions of each probe.", lower_bound=1)
+KERNEL_US = flags.DEFINE_float("kernel_us", None,
+                               "A measured one-shot time to compare, microseconds per call.")
+KERNEL_JSON = flags.DEFINE_string(
+    "kernel_json", None,
+    "A kernel-level result file (python -m jax_llar.tools.bench --level kernel); "
+    "its smallest llar.one_shot_ll row is compared.")
+OUT = flags.DEFINE_string(
+    "out", report.default_out_dir(),
+    "Folder for the result file (default: jax_llar_results in the temporary "
+    "folder, TMPDIR). Pass --out=benchmarks/results to add a run to the "
+    "repository's results.")
+flags.mark_flags_as_mutual_exclusive(["kernel_us", "kernel_json"])
+
+
+def kernel_figure(kernel_us: float | None, kernel_json: str | None) -> tuple[float | None, str | None]:
+  """The kernel time to compare and where it came from: `kernel_us` as given,
+  else the smallest-size llar.one_shot_ll row of `kernel_json` (a missing
+  file is reported and skipped), else (None, None)."""
+  if kernel_us is not None:
+    return kernel_us, "--kernel_us"
+  if kernel_json and not os.path.isfile(kernel_json):
+    print(f"--kernel_json: no file {kernel_json}; no kernel figure to compare")
+  elif kernel_json:
+    with open(kernel_json) as f:
+      rows = [x for x in json.load(f)["rows"] if x["impl"] == "llar.one_shot_ll"]
+    if rows:
+      best = min(rows, key=lambda x: x["bytes_per_rank"])
+      return best["us_per_call"], f"{kernel_json} ({best['dtype']}, {best['bytes_per_rank']} B)"
+  return None, None
+
+
+def main() -> int:
+  import jax
+  try:
+    mod = _native.require("python -m jax_llar.tools.sol")
+  except RuntimeError as e:
+    print(e)
+    return 1
+  ordinals = [d.local_hardware_id for d in jax.devices()]
+  r = dict(mod.sol(ordinals, ITERS.value))
+  remote = r["remote_ll_ns"]
+  sol_fence = (2 * r["fence_ns"] + remote) / 1000 if remote else None
+  sol_chase = (2 * r["l2_chase_ns"] + remote) / 1000 if remote else None
+  kernel_us, kernel_src = kernel_figure(KERNEL_US.value, KERNEL_JSON.value)
+  out = {"env": report.environment(), "level": "sol", "iters": ITERS.value,
+         "measured": r, "sol_us_fence": sol_fence, "sol_us_chase": sol_chase,
+         "kernel_us": kernel_us, "kernel_source": kernel_src, "rows": []}
+  for k, v in enumerate(r["fanout_ll_ns"], start=1):
+    out["rows"].append({"impl": "sol.fanout_ll", "world_size": len(ordinals),
+                        "peers": k, "us_per_call": v / 1000})
+  for name, v in r.items():
+    if name != "fanout_ll_ns":
+      print(f"{name:24s} {v}")
+  print(f"{'fanout_ll_ns':24s} {r['fanout_ll_ns']}")
+  if sol_fence:
+    print(f"SoL (2 x fence + remote LL)        {sol_fence:.3f} us")
+    print(f"SoL (2 x L2 chase + remote LL)     {sol_chase:.3f} us")
+    if kernel_us:
+      print(f"one-shot kernel {kernel_us:.2f} us ({kernel_src}): "
+            f"{kernel_us / sol_fence:.2f}x / {kernel_us / sol_chase:.2f}x the two SoL estimates")
+  paths = report.save(out, OUT.value, report.stem("sol"))
+  print(f"saved {', '.join(paths)}")
+  return 0
+
+
+if __name__ == "__main__":
+  _cli.run(main)

@@ -1,0 +1,49 @@
+"""Failure classes that need a process of their own: concurrency (F5), epoch
+wrap-around (F4), rank divergence (F12) and a dropped peer write (F13).
+
+Each runs a child program (tests/gpu/programs/) that prints one JSON object:
+a mispaired call or a trap poisons the CUDA context of the process that ran
+it, not the test process.
+"""
+
+from __future__ import annotations
+
+from gpu_helpers import run_program
+
+
+def _report_of(reports, rank, peer):
+  return [r for r in reports if r.get("rank") == rank and r.get("peer") == peer]
+
+
+def test_f5_two_threads_dispatching():
+  """Two Python threads dispatch jitted programs on the same devices."""
+  p = run_program("two_threads", env={"JAX_LLAR_TIMEOUT_MS": "3000"})
+  assert p.data is not None, p.tail
+  assert p.data["hung"] is False and p.data["errors"] == [], p.tail
+
+
+def test_f4_epoch_wraparound():
+  """Epoch counters seeded just below 2^30, 2^31 and 2^32 (test hook);
+  crossing them re-zeroes scratch halves and wraps the 32-bit flags."""
+  p = run_program("epoch_wraparound", env={"JAX_LLAR_TIMEOUT_MS": "3000"})
+  assert p.data is not None, p.tail
+  assert p.data["fast"] is True and p.data["ok"] is True, p.tail
+
+
+def test_f12_rank_divergence_fails_with_report():
+  """A rank-dependent number of calls fails with a report, not a hang."""
+  p = run_program("rank_divergence", env={"JAX_LLAR_TIMEOUT_MS": "1500"})
+  assert p.data is not None, p.tail
+  assert p.data["error"] is not None, p.tail
+  # Rank 0 (the only caller) waited for rank 1 and reported it, with the epoch.
+  mine = _report_of(p.data["reports"], rank=0, peer=1)
+  assert mine and all("epoch" in r for r in mine), p.data["reports"]
+
+
+def test_f13_dropped_peer_write_fails_with_report():
+  """A dropped peer write (test hook) fails the call with rank/slot/epoch."""
+  p = run_program("dropped_write", env={"JAX_LLAR_TIMEOUT_MS": "1500"})
+  assert p.data is not None, p.tail
+  assert p.data["fast_before"], p.tail
+  assert p.data["error"] is not None, p.tail
+  assert _report_of(p.data["reports"], rank=0, peer=1), p.data["reports"]

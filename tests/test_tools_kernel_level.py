@@ -1,0 +1,84 @@
+"""jax_llar.tools.kernel_level without a GPU: impl names map to the native
+kernel bench's structured arguments, and outputs are checked against the
+right reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jax_llar import testing
+from jax_llar.algorithms import MAX_BYTES, Algorithm
+from jax_llar.tools import jax_level, kernel_level
+from jax_llar.tools.kernel_level import KERNEL_IMPLS, KernelImpl
+
+
+class FakeTools:
+  """Records kernel_bench calls; returns each rank's own input as output."""
+  DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
+
+  def __init__(self):
+    self.calls = []
+
+  def kernel_bench(self, comm_id, kind, dtype, inputs, iters, reps, variant="",
+                   generic=False, block_lines=0):
+    self.calls.append(dict(comm_id=comm_id, kind=kind, dtype=dtype, iters=iters,
+                           reps=reps, variant=variant, generic=generic,
+                           block_lines=block_lines, n=len(inputs)))
+    return [[1.5] * len(inputs) for _ in range(reps)], list(inputs)
+
+
+@pytest.mark.parametrize("impl,kind,variant,generic,block_lines", [
+    ("llar.one_shot_ll", "one_shot_ll", "", False, 0),
+    ("kernel.copy", "copy", "", False, 0),
+    ("nccl.allreduce", "nccl", "", False, 0),
+    ("diag.one_shot_ll_loopback", "one_shot_ll", "loopback", False, 0),
+    ("diag.one_shot_ll_send_loopback", "one_shot_ll", "send_loopback", False, 0),
+    ("diag.one_shot_ll_traced", "one_shot_ll", "traced", False, 0),
+    ("diag.one_shot_ll_generic", "one_shot_ll", "", True, 0),
+    ("diag.one_shot_ll_b128", "one_shot_ll", "", False, 128),
+    ("diag.one_shot_ll_b256", "one_shot_ll", "", False, 256),
+])
+def test_impl_names_map_to_structured_arguments(impl, kind, variant, generic, block_lines):
+  tools = FakeTools()
+  inputs = [np.arange(5, dtype=np.float32) + r for r in range(2)]
+  us, outs = kernel_level.bench(tools, 7, KERNEL_IMPLS[impl], inputs, 50, 3)
+  (call,) = tools.calls
+  assert call == dict(comm_id=7, kind=kind, dtype=0, iters=50, reps=3, variant=variant,
+                      generic=generic, block_lines=block_lines, n=2)
+  assert us == [[1.5, 1.5]] * 3
+  assert all(o.dtype == np.float32 for o in outs)
+
+
+def test_the_production_kernel_is_the_algorithms_impl():
+  assert KERNEL_IMPLS[Algorithm.ONE_SHOT_LL.impl] == KernelImpl("one_shot_ll")
+
+
+def test_references_per_expectation():
+  dt = jax_level.DTYPES["bf16"]
+  rng = np.random.default_rng(0)
+  inputs = [testing.random_array(rng, (33,), dt) for _ in range(2)]
+  total = testing.rank_order_sum(inputs, dt)
+  copy, loop, summed = (KERNEL_IMPLS[i] for i in (
+      "kernel.copy", "diag.one_shot_ll_loopback", "llar.one_shot_ll"))
+  assert kernel_level.outputs_correct(copy, inputs, inputs, dt)
+  assert not kernel_level.outputs_correct(summed, inputs, inputs, dt)
+  assert kernel_level.outputs_correct(summed, [total, total], inputs, dt)
+  doubled = [testing.rank_order_sum([x, x], dt) for x in inputs]
+  assert kernel_level.outputs_correct(loop, doubled, inputs, dt)
+  assert not kernel_level.outputs_correct(loop, [total, total], inputs, dt)
+
+
+def test_nccl_beyond_two_ranks_is_compared_within_tolerance():
+  dt = np.dtype(np.float32)
+  rng = np.random.default_rng(1)
+  inputs = [testing.random_array(rng, (64,), dt) for _ in range(4)]
+  total = testing.rank_order_sum(inputs, dt)
+  nudged = np.nextafter(total, np.float32(np.inf))
+  nccl = KERNEL_IMPLS["nccl.allreduce"]
+  assert kernel_level.outputs_correct(nccl, [nudged] * 4, inputs, dt)
+  assert not kernel_level.outputs_correct(nccl, [nudged] * 2, inputs[:2], dt)
+
+
+def test_default_sizes_reach_the_one_shot_limit():
+  assert max(kernel_level.Settings().sizes) == MAX_BYTES[Algorithm.ONE_SHOT_LL]
