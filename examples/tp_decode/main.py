@@ -8,7 +8,8 @@ devices with jax.shard_map, 2 all-reduces per layer and one for the greedy
 argmax per token. It decodes --tokens tokens greedily in one jitted
 lax.scan, once with lax.psum and once with jax_llar.psum, prints the
 inter-token latency of each (median over --repeats timed runs of the whole
-decode, divided by the token count, in microseconds) and checks that both
+decode, divided by the token count, in microseconds; the timed runs of the two
+alternate, so that a drift of the machine affects both alike) and checks that both
 produce the same token ids; the exit status is 1 when they differ.
 
 Without a GPU it runs the small preset on forced CPU devices (it sets
@@ -81,26 +82,33 @@ def run(preset: str | None, tokens: int, batch: int, repeats: int, tp: int,
     print("jax_llar.psum lowers to lax.psum here, so both runs use the same "
           "all-reduce.")
 
-  results = {}
-  token_ids = {}
   first = jnp.zeros((batch,), jnp.int32) + 128000 % cfg.vocab
+  decoders, params = {}, None
   for name, fn in (("lax.psum", lax.psum), ("jax_llar.psum", jax_llar.psum)):
     init_params, init_cache, decode = build(cfg, mesh, fn, batch, max_len)
-    params = init_params(jax.random.key(seed))
-    times = []
-    for i in range(repeats + 1):
-      kc, vc = init_cache()
-      jax.block_until_ready((kc, vc))
-      t0 = time.perf_counter()
-      toks, kc, vc = decode(params, first, kc, vc, tokens)
-      toks.block_until_ready()
-      if i > 0:  # the first call compiles
-        times.append(time.perf_counter() - t0)
-    token_ids[name] = np.asarray(toks)
-    results[name] = {"itl_us": statistics.median(times) / tokens * 1e6,
-                     "itl_us_min": min(times) / tokens * 1e6,
-                     "itl_us_max": max(times) / tokens * 1e6}
-    del params
+    if params is None:  # the same weights (and shardings) serve both
+      params = init_params(jax.random.key(seed))
+    decoders[name] = (init_cache, decode)
+
+  def decode_once(name):
+    init_cache, decode = decoders[name]
+    kc, vc = init_cache()
+    jax.block_until_ready((kc, vc))
+    t0 = time.perf_counter()
+    toks, kc, vc = decode(params, first, kc, vc, tokens)
+    toks.block_until_ready()
+    return time.perf_counter() - t0, toks
+
+  token_ids = {name: np.asarray(decode_once(name)[1]) for name in decoders}  # compiles
+  times = {name: [] for name in decoders}
+  names = list(decoders)
+  for i in range(repeats):  # the two all-reduces alternate, first one first, then the other
+    for name in (names if i % 2 == 0 else names[::-1]):
+      times[name].append(decode_once(name)[0])
+  results = {name: {"itl_us": statistics.median(t) / tokens * 1e6,
+                    "itl_us_min": min(t) / tokens * 1e6,
+                    "itl_us_max": max(t) / tokens * 1e6}
+             for name, t in times.items()}
   fast = [d for d in jax_llar.dispatch_log() if d.fast]
   agree = bool(np.array_equal(token_ids["lax.psum"], token_ids["jax_llar.psum"]))
   print(f"{'all-reduce':16s} {'inter-token latency (us)':>26s}")
