@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+
 from jax_llar import _ext, comm
 from jax_llar.config import settings
 
@@ -28,6 +30,10 @@ def status() -> dict[str, Any]:
       ``build``: the build's record (``nccl_version_code``,
         ``cuda_version``, ``cuda_architectures``), or None without a CUDA
         build;
+      ``versions``: readable versions: ``jax``, ``nccl_runtime`` and
+        ``nccl_compiled`` as "2.28.9" strings (None where unknown), and
+        ``tested_pair``: whether (jax, NCCL runtime) is a pair the GPU suite
+        and the benchmarks ran with (None when not active);
       ``comm_sets``: one dict per communicator set (``comm_id``, ``groups``
         of CUDA ordinals, ``world_size``, ``scratch_bytes_per_device``);
       ``settings``: the current ``jax_llar.config.settings`` as a dict.
@@ -38,14 +44,25 @@ def status() -> dict[str, Any]:
     nccl_compiled = build["nccl_version_code"]
   else:
     nccl_compiled = mod.nccl_compiled_version() if mod else None
+  nccl_runtime = mod.nccl_runtime_version() if mod else None
+  versions = {
+      "jax": jax.__version__,
+      "nccl_runtime": (_ext.nccl_version_string(nccl_runtime)
+                       if nccl_runtime is not None else None),
+      "nccl_compiled": (_ext.nccl_version_string(nccl_compiled)
+                        if nccl_compiled is not None else None),
+      "tested_pair": ((jax.__version__, nccl_runtime) in _ext.TESTED_VERSIONS
+                      if nccl_runtime is not None else None),
+  }
   return {
       "built": _ext.built(),
       "active": mod is not None,
       "reason": _ext.reason() if mod is None else None,
-      "nccl_runtime": mod.nccl_runtime_version() if mod else None,
+      "nccl_runtime": nccl_runtime,
       "nccl_compiled": nccl_compiled,
       "nccl_library": _ext.nccl_library_path() if mod else None,
       "build": build,
+      "versions": versions,
       "comm_sets": [
           {"comm_id": c.comm_id, "groups": c.groups, "world_size": c.world_size,
            "scratch_bytes_per_device": c.scratch_bytes}

@@ -105,7 +105,7 @@ def test_status_build_information_is_consistent():
     assert s["nccl_compiled"] is None
   else:
     assert set(info) == {"nccl_version_code", "cuda_version",
-                         "cuda_architectures"}
+                         "cuda_architectures", "jaxlib_version"}
     assert s["nccl_compiled"] == info["nccl_version_code"] > 0
   if s["built"]:
     assert s["nccl_compiled"] is not None, (
@@ -134,7 +134,7 @@ def test_build_info_from_the_generated_module(monkeypatch):
       _ext.importlib, "import_module",
       lambda name: generated if name == "jax_llar._build_info" else real_import(name))
   want = {"nccl_version_code": 22809, "cuda_version": "13.0.88",
-          "cuda_architectures": "90;100"}
+          "cuda_architectures": "90;100", "jaxlib_version": None}
   assert _ext.build_info() == want
   s = jax_llar.status()
   assert (s["build"], s["nccl_compiled"]) == (want, 22809)
@@ -214,3 +214,15 @@ def test_untested_pair_logged_once_on_load(monkeypatch, caplog):
                       frozenset({(jax.__version__, 23203)}))
   _ext.load()
   assert caplog.records == []
+
+
+def test_status_versions_are_readable():
+  """status() gives versions as strings, and whether the (jax, NCCL) pair is
+  one the GPU suite ran with; on CPU the runtime NCCL is unknown."""
+  s = jax_llar.status()
+  v = s["versions"]
+  assert v["jax"] == jax.__version__
+  assert v["nccl_runtime"] is None and v["tested_pair"] is None
+  if s["nccl_compiled"] is not None:
+    assert v["nccl_compiled"] == _ext.nccl_version_string(s["nccl_compiled"])
+  assert _ext.nccl_version_string(22809) == "2.28.9"

@@ -6,7 +6,8 @@
 //                program was lowered for, and `algorithm` names an entry of
 //                the launcher table (kernels/kernels.h).
 //   execute      launches one kernel on XLA's stream through that entry's
-//                launcher (or the device's diagnostic override, registry.h):
+//                launcher (or the device's diagnostic override of that
+//                algorithm, registry.h):
 //                no allocation, no host synchronisation, no lock (the lookup
 //                is one atomic load).
 //   There is deliberately no initialize stage: XLA runs a custom call's
@@ -86,7 +87,7 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
   a.in = x.untyped_data();
   a.out = y->untyped_data();
   a.n_bytes = static_cast<uint32_t>(x.size_bytes());  // <= max_bytes, checked above
-  Launcher launch = ctx->launcher_override.load(std::memory_order_relaxed);
+  Launcher launch = ctx->launcher_override[algorithm].load(std::memory_order_relaxed);
   if (launch == nullptr) launch = entry->launch;
   const cudaError_t e = launch(a, dtype, stream);
   if (e != cudaSuccess) {

@@ -44,7 +44,7 @@ struct CommSet {
 
 std::mutex g_mutex;                                   // guards creation, g_sets, g_preloads
 std::vector<std::unique_ptr<CommSet>> g_sets(1);      // index = comm id; 0 unused
-std::vector<cudaError_t (*)()> g_preloads;            // AddPreload
+std::vector<cudaError_t (*)()> g_preloads;            // AddPreload, best-effort
 std::array<std::array<std::atomic<const DeviceContext*>, kMaxOrdinals>,
            kMaxCommSets>
     g_table{};
@@ -162,7 +162,6 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
     void* peers[kMaxRanks] = {};
     CheckCuda(ReadLsaPointers(d.window, n, peers), "reading LSA peer pointers");
     CheckCuda(PreloadOneShotLL(), "loading the one-shot kernels");
-    for (auto preload : g_preloads) CheckCuda(preload(), "loading the tools' kernels");
 
     DeviceContext& c = d.context;
     c.ordinal = group[i];
@@ -182,6 +181,19 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
     c.base.peers = d.peers;
   }
   for (auto& d : devs) out.push_back(std::move(d));
+}
+
+// Runs `preloads` on every device of `set`, ignoring their results
+// (AddPreload). The caller holds g_mutex and a DeviceGuard.
+void RunPreloadsBestEffort(const CommSet& set,
+                           const std::vector<cudaError_t (*)()>& preloads) {
+  for (const auto& d : set.devices) {
+    if (cudaSetDevice(d->context.ordinal) != cudaSuccess) {
+      (void)cudaGetLastError();  // leave no error behind for a later check
+      continue;
+    }
+    for (auto preload : preloads) (void)preload();
+  }
 }
 
 }  // namespace
@@ -207,6 +219,9 @@ int CreateCommSet(const std::vector<std::vector<int>>& groups,
     g_table[id][d->context.ordinal].store(&d->context, std::memory_order_release);
   }
   g_sets.push_back(std::move(set));
+  // The tools' kernels, only after the set is published and never failing
+  // its creation.
+  RunPreloadsBestEffort(*g_sets.back(), g_preloads);
   return id;
 }
 
@@ -274,14 +289,18 @@ std::vector<std::vector<Member>> MembersOf(int64_t comm_id) {
   return out;
 }
 
-void SetLauncherOverride(int64_t comm_id, int32_t ordinal, Launcher launcher) {
+void SetLauncherOverride(int64_t comm_id, int32_t ordinal, int64_t algorithm,
+                         Launcher launcher) {
+  if (FindAlgorithm(algorithm) == nullptr) {
+    Fail("jax_llar: unknown algorithm " + std::to_string(algorithm));
+  }
   std::lock_guard<std::mutex> lock(g_mutex);
   if (comm_id > 0 && comm_id < static_cast<int64_t>(g_sets.size())) {
     for (const auto& d : g_sets[comm_id]->devices) {
       if (d->context.ordinal == ordinal) {
         // The only field of a published context that changes; the execute
-        // handler reads it with one relaxed load.
-        d->context.launcher_override.store(launcher, std::memory_order_relaxed);
+        // handler reads its algorithm's entry with one relaxed load.
+        d->context.launcher_override[algorithm].store(launcher, std::memory_order_relaxed);
         return;
       }
     }
@@ -293,14 +312,10 @@ void SetLauncherOverride(int64_t comm_id, int32_t ordinal, Launcher launcher) {
 void AddPreload(cudaError_t (*preload)()) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (std::find(g_preloads.begin(), g_preloads.end(), preload) != g_preloads.end()) return;
-  DeviceGuard guard;
-  for (size_t id = 1; id < g_sets.size(); ++id) {
-    for (const auto& d : g_sets[id]->devices) {
-      CheckCuda(cudaSetDevice(d->context.ordinal), "cudaSetDevice");
-      CheckCuda(preload(), "loading the tools' kernels");
-    }
-  }
   g_preloads.push_back(preload);
+  if (g_sets.size() <= 1) return;  // no set: no CUDA call (not even DeviceGuard's)
+  DeviceGuard guard;
+  for (size_t id = 1; id < g_sets.size(); ++id) RunPreloadsBestEffort(*g_sets[id], {preload});
 }
 
 int NcclRuntimeVersion() {

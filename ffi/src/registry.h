@@ -25,18 +25,20 @@ inline constexpr int kMaxCommSets = 256;
 inline constexpr int kMaxOrdinals = 64;
 
 // What one device of a communicator set needs at execute time. Immutable
-// after publication, except the launcher override.
+// after publication, except the launcher overrides.
 struct DeviceContext {
   int32_t ordinal = -1;
   int32_t rank = -1;
   int32_t world = 0;             // number of ranks (NCCL's nRanks)
   AllReduceArgs base{};          // epochs, peer table, rank, world
-  // The one diagnostic seam: when set, the execute handler launches through
-  // it instead of the algorithm's launcher. Null in production; only the
-  // tools module sets it (SetLauncherOverride: the call trace's variant, the
-  // dropped-peer-writes test hook), and it applies to programs captured
-  // afterwards.
-  std::atomic<Launcher> launcher_override{nullptr};
+  // The one diagnostic seam, one entry per algorithm (indexed like
+  // kAlgorithms): when entry `a` is set, the execute handler launches calls
+  // of algorithm `a` through it instead of kAlgorithms[a].launch; calls of
+  // the other algorithms are unaffected. All null in production; only the
+  // tools module sets them (SetLauncherOverride: the call trace's variant,
+  // the dropped-peer-writes test hook, both for the one-shot entry), and a
+  // change applies to programs captured afterwards.
+  std::atomic<Launcher> launcher_override[kAlgorithmCount]{};
 };
 
 // Creates NCCL communicators for `groups` (lists of local CUDA ordinals; one
@@ -86,12 +88,18 @@ struct Member {
 // The members of `comm_id`, one list per group in rank order; empty when the
 // id is unknown.
 LLAR_API std::vector<std::vector<Member>> MembersOf(int64_t comm_id);
-// Sets (or, with nullptr, clears) the launcher override of one device.
-// Throws std::runtime_error when the set has no such device.
-LLAR_API void SetLauncherOverride(int64_t comm_id, int32_t ordinal, Launcher launcher);
-// Adds a function that loads kernels on the current device: it runs now on
-// every device of every set, and on the devices of every set created later,
-// beside PreloadOneShotLL. Throws std::runtime_error when it fails.
+// Sets (or, with nullptr, clears) the launcher override of `algorithm` (an
+// id of kAlgorithms) on one device. Throws std::runtime_error when the set
+// has no such device or the algorithm is unknown.
+LLAR_API void SetLauncherOverride(int64_t comm_id, int32_t ordinal, int64_t algorithm,
+                                  Launcher launcher);
+// Adds a function that loads kernels on the current device (the tools'
+// kernels), run best-effort: at once on every device of every set that
+// exists, and on the devices of every set created later, after that set is
+// published. Its result is ignored, so it can never fail or undo the
+// creation of a set; whoever needs the kernels loads them again, checked,
+// where it uses them. Without communicator sets it makes no CUDA call.
+// Idempotent per function; never throws.
 LLAR_API void AddPreload(cudaError_t (*preload)());
 
 LLAR_API int NcclRuntimeVersion();

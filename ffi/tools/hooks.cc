@@ -52,14 +52,20 @@ void ApplyOverride(int64_t comm_id, int32_t ordinal, const DeviceHooks& h) {
   } else if (h.trace_on) {
     launcher = &LaunchOneShotLLTraced;
   }
-  SetLauncherOverride(comm_id, ordinal, launcher);
+  // Both variants replace the one-shot algorithm only.
+  SetLauncherOverride(comm_id, ordinal, static_cast<int64_t>(Algorithm::kOneShotLL), launcher);
 }
 
 void SetCallTrace(int64_t comm_id, bool on) {
-  EnsureToolKernelsPreloaded();
   std::lock_guard<std::mutex> lock(g_mutex);
   DeviceGuard guard;
-  for (const Member& m : AllMembers(comm_id)) {
+  const std::vector<Member> members = AllMembers(comm_id);
+  // The traced variant is loaded on every device before any override
+  // changes (disabling only returns to launchers loaded before).
+  if (on) {
+    for (const Member& m : members) LoadToolKernels(m.ordinal);
+  }
+  for (const Member& m : members) {
     DeviceHooks& h = g_hooks[{comm_id, m.ordinal}];
     CheckCuda(cudaSetDevice(m.ordinal), "cudaSetDevice");
     CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -127,8 +133,11 @@ void SetEpochForTesting(int64_t comm_id, uint64_t epoch) {
 
 void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop) {
   MemberOn(comm_id, ordinal);  // throws for an unknown set or device
-  EnsureToolKernelsPreloaded();
   std::lock_guard<std::mutex> lock(g_mutex);
+  if (drop) {
+    DeviceGuard guard;
+    LoadToolKernels(ordinal);  // the drop variant, before the override names it
+  }
   DeviceHooks& h = g_hooks[{comm_id, ordinal}];
   h.drop = drop;
   ApplyOverride(comm_id, ordinal, h);

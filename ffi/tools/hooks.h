@@ -1,8 +1,12 @@
 // Diagnostics that act on the calls of XLA's programs: the call trace and the
-// test hooks. They reach the production path only through the launcher
-// override of a device context (registry.h) and, for the trace, the
+// test hooks. They reach the production path only through the one-shot
+// algorithm's launcher override of a device context (registry.h) and, for
+// the trace, the
 // PeerTable's trace pointer. Each one synchronises the devices it changes
 // where stated; call them while no other thread runs programs on the set.
+// Before an override names a diagnostic variant, they load the tools'
+// kernels on its devices (LoadToolKernels, preload.h); a failed load throws
+// std::runtime_error and leaves the override as it was.
 #ifndef LLAR_TOOLS_HOOKS_H_
 #define LLAR_TOOLS_HOOKS_H_
 
@@ -34,7 +38,8 @@ void SetEpochForTesting(int64_t comm_id, uint64_t epoch);
 // F13: programs captured afterwards on device `ordinal` launch the variant
 // that never stores to its peers (the peers' waits then time out and report
 // this rank); `drop` false restores the launcher (or the trace's, while the
-// trace is on). The dropped variant wins over the traced one.
+// trace is on). The dropped variant wins over the traced one. With `drop`
+// true it synchronises the device first.
 void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop);
 
 }  // namespace llar

@@ -115,8 +115,6 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const KernelBenchSpec& spec, D
   if (kind == Kind::kOneShotLL && bytes > kOneShotMaxBytes) {
     BadArgument("larger than the one-shot limit");
   }
-  // The kernels the bench may launch are loaded before it captures them.
-  EnsureToolKernelsPreloaded();
   std::vector<const PeerTable*> diag_tables;
   if (kind == Kind::kOneShotLL && plan.diagnostic &&
       plan.variant == DiagVariant::kSendLoopback) {
@@ -125,9 +123,13 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const KernelBenchSpec& spec, D
   DeviceGuard guard;
   // The bench advances the set's epoch counters: nothing else may be running
   // on these devices (XLA programs using the same set) while it does.
+  // The tools' kernels it captures (copy, diagnostic variants) are loaded
+  // before the capture.
+  const bool tool_kernels = kind == Kind::kCopy || (kind == Kind::kOneShotLL && plan.diagnostic);
   for (const Member& m : group) {
     CheckCuda(cudaSetDevice(m.ordinal), "cudaSetDevice");
     CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    if (tool_kernels) LoadToolKernels(m.ordinal);
   }
   std::vector<Rank> ranks(n);
   for (int r = 0; r < n; ++r) {

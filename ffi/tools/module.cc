@@ -3,7 +3,8 @@
 // probes, the call trace and the test hooks. It links the core library of
 // jax_llar._llar and works on that module's communicator sets, so import it
 // only after jax_llar._ext.load() has returned the production module (which
-// binds the process's libnccl.so.2 first). Importing it makes no CUDA call.
+// binds the process's libnccl.so.2 first). Importing it makes no CUDA call,
+// nor does registrations() while no communicator set exists.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -29,9 +30,10 @@ NB_MODULE(_llar_tools, m) {
   m.def(
       "registrations",
       []() {
-        // The copy kernels (and the diagnostic variants) get loaded on every
-        // device of every communicator set, now and later, as the
-        // all-reduce's are: no lazy load inside a captured graph.
+        // The copy kernels (and the diagnostic variants) get loaded,
+        // best-effort, on every device of every communicator set, now and
+        // later, so that XLA captures no lazy load (preload.h). Without
+        // communicator sets this makes no CUDA call; it never raises.
         llar::EnsureToolKernelsPreloaded();
         const llar::CopyHandlers h = llar::GetCopyHandlers();
         nb::dict out;

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "copy.h"
+#include "errors.h"
 #include "one_shot_ll_diag.h"
 #include "registry.h"
 
@@ -12,20 +13,24 @@ namespace llar {
 namespace {
 
 cudaError_t PreloadToolKernels() {
-  const cudaError_t e = PreloadCopy();
-  if (e != cudaSuccess) return e;
-  return PreloadOneShotLLDiag();
+  cudaError_t e = PreloadCopy();
+  if (e == cudaSuccess) e = PreloadOneShotLLDiag();
+  // A failed load must not surface later in a launcher's cudaGetLastError.
+  if (e != cudaSuccess) (void)cudaGetLastError();
+  return e;
 }
 
 }  // namespace
 
 void EnsureToolKernelsPreloaded() {
-  static std::mutex mutex;
-  static bool done = false;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (done) return;
-  AddPreload(&PreloadToolKernels);  // throws on failure; a later call retries
-  done = true;
+  static std::once_flag once;
+  std::call_once(once, [] { AddPreload(&PreloadToolKernels); });
+}
+
+void LoadToolKernels(int32_t ordinal) {
+  CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
+  CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  CheckCuda(PreloadToolKernels(), "loading the tools' kernels");
 }
 
 }  // namespace llar
