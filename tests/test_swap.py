@@ -3,8 +3,12 @@
 The swap is part of jit's cache key (issue 15, item 2): a function traced
 outside the block and called inside it is traced again and takes jax_llar,
 and the other way round. Each test observes this twice: a trace-time side
-effect (whether ``jax.lax.psum is jax_llar.psum`` while the body is traced)
-and the dispatch log (only jax_llar's psums are recorded).
+effect (whether ``jax.lax.psum`` resolves to ``jax_llar.psum`` in the
+tracing thread while the body is traced) and the dispatch log (only
+jax_llar's psums are recorded).
+
+While any block is active ``jax.lax.psum`` is the swap's dispatcher, which
+picks per calling thread; outside every block it is JAX's function again.
 """
 
 from __future__ import annotations
@@ -32,6 +36,14 @@ def restore_lax_psum():
     jax.lax.psum = swap._original  # pylint: disable=protected-access
 
 
+def _takes_llar() -> bool:
+  """Whether ``jax.lax.psum``, called now in this thread, is jax_llar's."""
+  psum = jax.lax.psum
+  if psum is swap._dispatch:  # pylint: disable=protected-access
+    psum = swap._resolve()  # pylint: disable=protected-access
+  return psum is jax_llar.psum
+
+
 def _psum_jaxpr_text(x, mesh):
   return str(jax.make_jaxpr(jax.shard_map(
       lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"),
@@ -44,7 +56,7 @@ def _recording_step(mesh):
   traces = []
 
   def body(v):
-    traces.append(jax.lax.psum is jax_llar.psum)
+    traces.append(_takes_llar())
     return jax.lax.psum(v, "x")
 
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"),
@@ -57,11 +69,13 @@ def test_swap_psum_context_and_decorator():
   original = jax.lax.psum
   assert original is not jax_llar.psum
   with jax_llar.swap_psum():
-    assert jax.lax.psum is jax_llar.psum
+    assert jax.lax.psum is swap._dispatch  # pylint: disable=protected-access
+    assert _takes_llar()
     text = _psum_jaxpr_text(x, mesh)
     with jax_llar.swap_psum():  # nesting two instances keeps the swap
       pass
-    assert jax.lax.psum is jax_llar.psum
+    assert jax.lax.psum is swap._dispatch  # pylint: disable=protected-access
+    assert _takes_llar()
   assert "llar_psum" in text and "psum_invariant" not in text
   assert jax.lax.psum is original
   text = _psum_jaxpr_text(x, mesh)
@@ -103,7 +117,7 @@ def test_jit_decorator_pattern_traces_once_with_jax_llar():
   traces = []
 
   def body(v):
-    traces.append(jax.lax.psum is jax_llar.psum)
+    traces.append(_takes_llar())
     return jax.lax.psum(v, "x")
 
   @jax.jit
@@ -180,7 +194,7 @@ def test_inner_jit_cached_outside_retraces_inside():
 
 def test_swap_state_is_per_thread_in_the_cache_key():
   """The cache key is the calling thread's: a thread outside the block does
-  not take the block's entry (the attribute itself is process-wide)."""
+  not take the block's entry, and the dispatcher gives it JAX's psum."""
   mesh = mesh_of((2,), ("x",))
   x = random_input(np.random.default_rng(34), (2, 3), np.float32)
   step, traces = _recording_step(mesh)
@@ -196,6 +210,8 @@ def test_swap_state_is_per_thread_in_the_cache_key():
   t.start()
   assert entered.wait(10)
   assert swap._swapped.value is False  # pylint: disable=protected-access
+  assert jax.lax.psum is swap._dispatch  # pylint: disable=protected-access
+  assert not _takes_llar()
   done.set()
   t.join(10)
   step(x)  # outside the block in this thread: not the block's entry
@@ -222,9 +238,59 @@ def test_swap_psum_same_instance_reentered():
   s = jax_llar.swap_psum()
   with s:
     with s:
-      assert jax.lax.psum is jax_llar.psum
+      assert _takes_llar()
       assert swap._swapped.value is True  # pylint: disable=protected-access
-    assert jax.lax.psum is jax_llar.psum
+    assert _takes_llar()
     assert swap._swapped.value is True  # pylint: disable=protected-access
   assert jax.lax.psum is swap._original  # pylint: disable=protected-access
   assert swap._swapped.value is False  # pylint: disable=protected-access
+
+
+def test_other_thread_traces_lax_psum_while_a_block_is_active():
+  """While thread A holds a block open, a function jitted and traced in
+  another thread (outside any block) takes JAX's psum: the attribute agrees
+  with that thread's cache key, so the cached trace is JAX's for good."""
+  mesh = mesh_of((2,), ("x",))
+  x = random_input(np.random.default_rng(35), (2, 3), np.float32)
+  entered, done = threading.Event(), threading.Event()
+
+  def hold_block():
+    with jax_llar.swap_psum():
+      entered.set()
+      done.wait(30)
+
+  t = threading.Thread(target=hold_block)
+  t.start()
+  try:
+    assert entered.wait(30)
+    step = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh,
+                                 in_specs=P("x"), out_specs=P()))
+    got = np.asarray(step(x))
+    assert jax_llar.dispatch_log() == []  # no jax_llar decision for it
+  finally:
+    done.set()
+    t.join(30)
+  assert not t.is_alive()
+  assert jax.lax.psum is swap._original  # pylint: disable=protected-access
+  text = str(jax.make_jaxpr(step)(x))  # the cached trace, outside the block
+  assert "psum_invariant" in text and "llar_psum" not in text, text
+  assert jax_llar.dispatch_log() == []
+  assert_bitwise(got, shard_psum(lax.psum, mesh, "x", x)[0:1])
+
+
+def test_reference_taken_inside_a_block_keeps_dispatching():
+  """``from jax.lax import psum`` inside a block gets the dispatcher: JAX's
+  psum outside every block, jax_llar's inside one."""
+  mesh = mesh_of((2,), ("x",))
+  x = random_input(np.random.default_rng(36), (2, 3), np.float32)
+  with jax_llar.swap_psum():
+    from jax.lax import psum as kept  # pylint: disable=g-import-not-at-top
+  assert kept is swap._dispatch  # pylint: disable=protected-access
+
+  def text():
+    return str(jax.make_jaxpr(jax.shard_map(
+        lambda v: kept(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P()))(x))
+
+  assert "psum_invariant" in text() and "llar_psum" not in text()
+  with jax_llar.swap_psum():
+    assert "llar_psum" in text()

@@ -43,8 +43,13 @@ def _load_locked() -> None:
   except ImportError as e:
     _reason = f"cannot import {MODULE}: {e}"
     return
-  for name, capsule in mod.registrations().items():
-    jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+  try:
+    for name, capsule in mod.registrations().items():
+      jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+  except Exception as e:  # noqa: BLE001 - kept as the reason, see require()
+    _reason = (f"cannot register the FFI targets of {MODULE}: "
+               f"{type(e).__name__}: {e}")
+    return
   _module = mod
 
 

@@ -4,9 +4,13 @@
 
 Needs 2+ CUDA GPUs. Compiles and runs a jitted shard_map chain of jax_llar
 psums and multiplies in a child process (so that XLA flags apply from
-backend start), then looks for evidence in XLA's dump (the thunk sequence:
-is the custom call inside a command buffer?) and in a profiler trace (did
-our kernel run from CUDA graphs while the host launched no kernels itself?).
+backend start), then looks for evidence in XLA's dump (the thunk sequence
+after XLA's thunk passes, tied to the custom call through the thunk metadata
+and the optimized HLO; or, with older XLA, the HLO's command_buffer
+computations: is the custom call inside a command buffer?) and in a
+profiler trace (did our kernel run from CUDA graphs while the host launched
+no kernels itself?). The dump decides when it can, the trace otherwise; the
+verdict's "evidence" says which, "evidence_agree" whether both agreed.
 
 Prints the verdict as JSON; the exit status is 0 when the custom call was
 captured into a command buffer, 1 otherwise.

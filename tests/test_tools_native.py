@@ -1,0 +1,68 @@
+"""jax_llar.tools._native: a tools module that imports but cannot register
+its FFI targets leaves a reason, not a silent None."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import types
+
+import pytest
+
+from jax_llar import _ext
+from jax_llar.tools import _native
+
+
+@pytest.fixture
+def fresh_native(monkeypatch):
+  """_native as before its first load, with the production extension
+  reported loaded."""
+  monkeypatch.setattr(_native, "_loaded", False)
+  monkeypatch.setattr(_native, "_module", None)
+  monkeypatch.setattr(_native, "_reason", None)
+  monkeypatch.setattr(_ext, "load", lambda: types.SimpleNamespace())
+
+  def install(registrations):
+    fake = types.ModuleType(_native.MODULE)
+    fake.__spec__ = importlib.machinery.ModuleSpec(_native.MODULE, None)
+    fake.registrations = registrations
+    monkeypatch.setitem(sys.modules, _native.MODULE, fake)
+    return fake
+
+  return install
+
+
+def _raise():
+  raise RuntimeError("the tools module's handlers are missing")
+
+
+def _reject(name, capsule, platform):
+  raise ValueError(f"{name}: not a capsule for {platform}: {capsule!r}")
+
+
+@pytest.mark.parametrize("registrations, register, want", [
+    (_raise, None, "RuntimeError: the tools module's handlers are missing"),
+    (lambda: {"jax_llar_copy": "x"}, _reject, "ValueError: jax_llar_copy: not a capsule"),
+], ids=["registrations_raises", "register_rejects"])
+def test_failed_registration_is_the_reason(fresh_native, monkeypatch, registrations,
+                                           register, want):
+  if register is not None:
+    monkeypatch.setattr(_native.jax.ffi, "register_ffi_target", register)
+  fresh_native(registrations)
+  assert _native.load() is None
+  assert _native.reason() is not None and "cannot register" in _native.reason()
+  with pytest.raises(RuntimeError) as e:
+    _native.require("the kernel bench")
+  message = str(e.value)
+  assert message.startswith("the kernel bench needs the native tools module: ")
+  assert not message.endswith(": None") and want in message
+  assert _native.load() is None  # idempotent: no second attempt
+
+
+def test_loaded_module_has_no_reason(fresh_native, monkeypatch):
+  registered = []
+  monkeypatch.setattr(_native.jax.ffi, "register_ffi_target",
+                      lambda name, capsule, platform: registered.append((name, platform)))
+  fake = fresh_native(lambda: {"jax_llar_copy": "capsule"})
+  assert _native.require("the copy call") is fake
+  assert _native.reason() is None and registered == [("jax_llar_copy", "CUDA")]
