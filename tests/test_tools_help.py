@@ -4,6 +4,7 @@ list defaults print as comma lists, and results default to a scratch folder."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -43,3 +44,25 @@ def test_bench_help_lists_defaults_and_scratch_folder():
   assert "(default: '64,256,1024,4096,16384,65536,262144')" in text
   assert os.path.join(tempfile.gettempdir(), "jax_llar_results") in text
   assert "benchmarks/METHOD.md" in text
+
+
+def test_result_files_are_never_overwritten(tmp_path):
+  """A second result of the same name on the same day gets a suffix; both
+  files stay."""
+  from jax_llar.tools import report
+  first = report.save({"rows": [], "n": 1}, str(tmp_path), "m-20260101-jax")
+  second = report.save({"rows": [], "n": 2}, str(tmp_path), "m-20260101-jax")
+  third = report.save({"rows": [], "n": 3}, str(tmp_path), "m-20260101-jax")
+  names = [os.path.basename(p[0]) for p in (first, second, third)]
+  assert names == ["m-20260101-jax.json", "m-20260101-jax-2.json", "m-20260101-jax-3.json"]
+  for p, n in zip((first, second, third), (1, 2, 3)):
+    with open(p[0]) as f:
+      assert json.load(f)["n"] == n
+
+
+def test_graphcheck_without_gpu_says_so():
+  p = subprocess.run([sys.executable, "-m", "jax_llar.tools.graphcheck"],
+                     capture_output=True, text=True, timeout=120,
+                     env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert p.returncode == 1
+  assert "needs CUDA GPUs" in p.stdout and "in_command_buffer" not in p.stdout

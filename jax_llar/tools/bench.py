@@ -14,8 +14,11 @@ back-to-back calls of each kernel in one CUDA graph per rank, all ranks
 launched together; per call, the maximum over ranks.
 
 Every row is checked bitwise against a reference on random data before it
-is timed; the exit status is 1 when any row matched no reference. Results
-go to OUT/<machine>-<yyyymmdd>-<level><tag>.json (and .png with matplotlib).
+is timed (the table says which reference each matched); the exit status is
+1 when a row's result equals none of its references. Without a GPU the copy
+call lowers to nothing, so its rows measure the multiplies alone. Results go
+to OUT/<machine>-<yyyymmdd>-<level><tag>.json (and .png with matplotlib; a
+second run of the same name gets a -2, -3, ... suffix).
 The method: benchmarks/METHOD.md in the repository.
 """
 

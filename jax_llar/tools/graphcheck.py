@@ -23,7 +23,7 @@ import tempfile
 
 from absl import flags
 
-from jax_llar.tools import _cli, capture, report
+from jax_llar.tools import _cli, capture, host, report
 
 OUT = flags.DEFINE_string("out", None,
                           "Folder for the XLA dump and the profiler traces "
@@ -39,6 +39,10 @@ TIMELINE_COPY = flags.DEFINE_bool(
 
 
 def main() -> int:
+  if not host.gpu_present():
+    print("jax_llar.tools.graphcheck needs CUDA GPUs (it checks how XLA runs the "
+          "custom call on them); none is visible here.")
+    return 1
   out = OUT.value or tempfile.mkdtemp(prefix="llar_graphcheck_")
   xla_flags = tuple(XLA_FLAG.value or ())
   verdict = capture.check(out, xla_flags)

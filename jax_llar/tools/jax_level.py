@@ -526,8 +526,8 @@ def run(s: Settings) -> dict:
       for row in measure(s.impls, mesh, dtype, nbytes, s.k_short, s.k_long, s.calls,
                          s.rounds, rng, timeline=nbytes <= s.timeline_max_bytes):
         rows.append(row)
-        note = ("  (negative slope: timing noise; use longer chains or more calls)"
-                if row["us_per_call"] < 0 else "")
+        note = ("  (negative slope: timing noise around a cost near zero; longer "
+                "chains or more calls narrow it)" if row["us_per_call"] < 0 else "")
         print(f"{row['impl']:22s} {dt_name:5s} {row['bytes_per_rank']:8d} B "
               f"{row['us_per_call']:8.2f} us/step [{row['us_round_min']:.2f}, "
               f"{row['us_round_max']:.2f}] correct={row['correct']} "

@@ -132,12 +132,26 @@ def plot(rows: Iterable[dict], path: str, title: str) -> None:
   plt.close(fig)
 
 
+def _unused_name(out_dir: str, name: str) -> str:
+  """`name`, or `name`-N with the smallest N >= 2 for which neither the
+  .json nor the .png exists in `out_dir`."""
+  candidate, n = name, 1
+  while any(os.path.exists(os.path.join(out_dir, candidate + ext))
+            for ext in (".json", ".png")):
+    n += 1
+    candidate = f"{name}-{n}"
+  return candidate
+
+
 def save(result: dict, out_dir: str, name: str, plot_title: str | None = None) -> list[str]:
   """Writes `result` to ``out_dir/name.json`` and, with `plot_title`, a plot
-  to ``out_dir/name.png``; creates `out_dir`. Returns the paths written.
+  to ``out_dir/name.png``; creates `out_dir`. Never overwrites: when either
+  file exists, the name gets a suffix ``-2``, ``-3``, ... (result files are a
+  record). Returns the paths written.
   Without matplotlib it says how to install it on stderr and writes no
   plot."""
   os.makedirs(out_dir, exist_ok=True)
+  name = _unused_name(out_dir, name)
   path = os.path.join(out_dir, name + ".json")
   with open(path, "w") as f:
     json.dump(result, f, indent=1)
@@ -200,6 +214,14 @@ def print_jax_table(rows: list[dict]) -> None:
   if refs:
     print("references matched (impl, dtype: reference): " + "; ".join(
         f"{i} {d}: {ref or 'none'}" for i, d, ref in refs))
+    print("(references: 'rounded' = every step rounded to the dtype, as a program "
+          "with a custom call between steps must compute; 'excess_f32' = "
+          "intermediates kept in float32, which XLA's CPU backend may do for "
+          "16-bit types; 'lax.psum' = equal to the lax.psum chain, the contract "
+          "of a psum that fell back to it)")
+  if any(r["impl"] == COPY for r in rows) and not any(r.get("fast_path") for r in rows):
+    print("(no GPU: ffi.copy lowers to nothing here, so its chain is the multiplies "
+          "alone and its slope is about 0 us per step)")
   if not flag_impls:
     return
   print("lax.psum under XLA flags (us per step; 'best psum/llar' takes the "
