@@ -13,6 +13,7 @@ Public API:
   dispatch_log, clear_dispatch_log, Decision
                            what each psum did, and why
   status, error_reports    the extension in this process; timeout reports
+  explain                  psums that sit in rolled loops (no compilation)
   config                   settings (``config.settings``)
   Algorithm                the kernels, by FFI id
   llar_psum_p              the primitive
@@ -20,6 +21,7 @@ Public API:
 
 from jax_llar import config
 from jax_llar.algorithms import Algorithm
+from jax_llar.explain import explain
 from jax_llar.log import Decision, clear_dispatch_log, dispatch_log
 from jax_llar.psum import llar_psum_p, psum
 from jax_llar.status import error_reports, status
@@ -34,6 +36,7 @@ __all__ = [
     "config",
     "dispatch_log",
     "error_reports",
+    "explain",
     "llar_psum_p",
     "psum",
     "status",

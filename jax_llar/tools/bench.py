@@ -1,6 +1,7 @@
 """Benchmarks of jax_llar against lax.psum and XLA's own cost per call.
 
   python -m jax_llar.tools.bench --level jax      jitted chains, microseconds per step
+  python -m jax_llar.tools.bench --level loop     the same step in each loop structure
   python -m jax_llar.tools.bench --level kernel   the kernels alone, microseconds per call
 
 JAX level: a jitted shard_map chain of K steps x = op(x) * f[rank] per
@@ -8,6 +9,17 @@ implementation (lax.psum, ffi.copy: a copy kernel behind the same FFI path as
 jax_llar, llar.one_shot_ll: jax_llar.psum); the per-step time is the slope
 between chain lengths --k_short and --k_long. Without a GPU it runs on 2
 forced CPU devices, where jax_llar falls back to lax.psum (rows marked '*').
+
+Loop level: the step x = op(x) * f[rank] in each loop structure a user
+writes (a Python-unrolled chain, lax.scan with unroll 1 and 8, fori_loop of
+one and of 8 steps per trip, while_loop on a counter, a while_loop whose
+predicate all-reduces a scalar, a Python loop over a jitted step), per
+implementation (lax.psum, llar.auto: jax_llar.psum, ffi.copy, none: no
+collective); per-step slope between --k_short and --k_long steps, and the
+ratio to the same implementation's chain. Its defaults differ from the jax
+level's where a flag is not given: sizes 1024,16384, dtype bf16, 32 and 256
+steps, 60 calls. --loop_flags repeats it under XLA flag sets, one process
+each.
 
 Kernel level (needs 2+ CUDA GPUs and the CUDA extension): --kernel_iters
 back-to-back calls of each kernel in one CUDA graph per rank, all ranks
@@ -26,13 +38,14 @@ from __future__ import annotations
 
 from absl import flags
 
-from jax_llar.tools import _cli, _native, host, jax_level, kernel_level, report
+from jax_llar.tools import _cli, _native, host, jax_level, kernel_level, loop_level, report
 
 _ALL_IMPLS = jax_level.IMPLS + jax_level.DIAG_IMPLS
 
-LEVEL = flags.DEFINE_enum("level", "jax", ["jax", "kernel"],
-                          "jax: jitted shard_map chains (slope method); kernel: CUDA "
-                          "graphs of back-to-back kernel calls, without XLA.")
+LEVEL = flags.DEFINE_enum("level", "jax", ["jax", "loop", "kernel"],
+                          "jax: jitted shard_map chains (slope method); loop: the "
+                          "same step in each loop structure; kernel: CUDA graphs of "
+                          "back-to-back kernel calls, without XLA.")
 SIZES = flags.DEFINE_list("sizes", [str(s) for s in jax_level.DEFAULT_SIZES],
                           "Payload sizes, bytes per rank.")
 DTYPES = flags.DEFINE_list("dtypes", ["f32", "bf16"],
@@ -41,7 +54,11 @@ IMPLS = flags.DEFINE_list(
     "impls", None,
     f"Implementations to run (default: all of the level's). Jax level: "
     f"{', '.join(jax_level.IMPLS)}, and the diagnostic {', '.join(jax_level.DIAG_IMPLS)}. "
+    f"Loop level: {', '.join(loop_level.IMPLS)}. "
     f"Kernel level: {', '.join(kernel_level.KERNEL_IMPLS)}.")
+STRUCTURES = flags.DEFINE_list(
+    "structures", list(loop_level.STRUCTURES),
+    "Loop structures to run (loop level).")
 K_SHORT = flags.DEFINE_integer("k_short", 32, "Short chain length, steps (jax level).",
                                lower_bound=1)
 K_LONG = flags.DEFINE_integer("k_long", 512, "Long chain length, steps (jax level).",
@@ -74,9 +91,18 @@ PSUM_FLAGS = flags.DEFINE_bool(
 PSUM_FLAG = flags.DEFINE_multi_string(
     "psum_flag", None,
     "An XLA flag for --psum_flags in place of the default set")
+LOOP_FLAGS = flags.DEFINE_bool(
+    "loop_flags", False,
+    "Also run the loop level under each XLA flag set, each in its own "
+    "subprocess: " + "; ".join(f"{n}: {f or '(none added)'}"
+                               for n, f in loop_level.FLAG_SETS) +
+    " (or those named with --loop_flag_set).")
+LOOP_FLAG_SET = flags.DEFINE_multi_enum(
+    "loop_flag_set", None, list(loop_level.FLAG_SET_NAMES),
+    "A flag set for --loop_flags in place of all of them.")
 FLAG_TIMEOUT = flags.DEFINE_integer("flag_timeout", 600,
-                                    "Seconds allowed per --psum_flags subprocess.",
-                                    lower_bound=1)
+                                    "Seconds allowed per --psum_flags or --loop_flags "
+                                    "subprocess.", lower_bound=1)
 OUT = flags.DEFINE_string(
     "out", report.default_out_dir(),
     "Folder for the result files (default: jax_llar_results in the temporary "
@@ -95,7 +121,8 @@ flags.register_validator(
 @flags.multi_flags_validator(["level", "impls"],
                              message="--impls names an implementation the level does not have")
 def _impls_known(v) -> bool:
-  known = _ALL_IMPLS if v["level"] == "jax" else tuple(kernel_level.KERNEL_IMPLS)
+  known = {"jax": _ALL_IMPLS, "loop": loop_level.IMPLS}.get(
+      v["level"], tuple(kernel_level.KERNEL_IMPLS))
   return v["impls"] is None or all(i in known for i in v["impls"])
 
 
@@ -105,10 +132,44 @@ def _chain_lengths(v) -> bool:
   return v["k_long"] > v["k_short"]
 
 
+flags.register_validator(
+    "structures", lambda v: bool(v) and all(x in loop_level.STRUCTURES for x in v),
+    "--structures must name " + ", ".join(loop_level.STRUCTURES))
+
+
+@flags.multi_flags_validator(
+    ["level", "k_short", "k_long"],
+    message=f"the loop level needs --k_short and --k_long that are multiples of "
+            f"{loop_level.UNROLL}")
+def _loop_step_counts(v) -> bool:
+  return v["level"] != "loop" or (v["k_short"] % loop_level.UNROLL == 0 and
+                                  v["k_long"] % loop_level.UNROLL == 0)
+
+
+def _given(flag, default):
+  """The flag's value when given on the command line, else `default`."""
+  return flag.value if flags.FLAGS[flag.name].present else default
+
+
+def _loop_settings() -> loop_level.Settings:
+  flag_sets = ()
+  if LOOP_FLAGS.value:
+    flag_sets = tuple(LOOP_FLAG_SET.value or loop_level.FLAG_SET_NAMES)
+  return loop_level.Settings(
+      impls=tuple(IMPLS.value or loop_level.IMPLS), structures=tuple(STRUCTURES.value),
+      sizes=tuple(int(s) for s in _given(SIZES, loop_level.DEFAULT_SIZES)),
+      dtypes=tuple(_given(DTYPES, loop_level.DEFAULT_DTYPES)),
+      k_short=_given(K_SHORT, loop_level.DEFAULT_K_SHORT),
+      k_long=_given(K_LONG, loop_level.DEFAULT_K_LONG),
+      calls=_given(CALLS, loop_level.DEFAULT_CALLS),
+      rounds=_given(ROUNDS, loop_level.DEFAULT_ROUNDS), world=WORLD.value,
+      seed=SEED.value, flag_sets=flag_sets, flag_timeout_s=FLAG_TIMEOUT.value)
+
+
 def main() -> int:
   sizes = tuple(int(s) for s in SIZES.value)
   dtypes = tuple(DTYPES.value)
-  if LEVEL.value == "jax" and not host.gpu_present():
+  if LEVEL.value in ("jax", "loop") and not host.gpu_present():
     changed = host.use_cpu(2)
     if changed:
       print("jax_llar.tools.bench: no GPU here; running on forced CPU devices ("
@@ -121,6 +182,12 @@ def main() -> int:
     result = kernel_level.run(kernel_level.Settings(
         impls=tuple(IMPLS.value or kernel_level.KERNEL_IMPLS), sizes=sizes, dtypes=dtypes,
         iters=KERNEL_ITERS.value, reps=ROUNDS.value, world=WORLD.value, seed=SEED.value))
+  elif LEVEL.value == "loop":
+    settings = _loop_settings()
+    if settings.k_long <= settings.k_short:
+      print("jax_llar.tools.bench: --k_long must be larger than --k_short")
+      return 1
+    result = loop_level.run(settings)
   else:
     result = jax_level.run(jax_level.Settings(
         impls=tuple(IMPLS.value or jax_level.IMPLS), sizes=sizes, dtypes=dtypes,
@@ -133,11 +200,14 @@ def main() -> int:
                       plot_title=report.machine_name())
   if LEVEL.value == "jax":
     report.print_jax_table(result["rows"])
+  elif LEVEL.value == "loop":
+    report.print_loop_table(result["rows"], result.get("flag_sets", {}))
   print(f"saved {', '.join(paths)}")
   bad = [r for r in result["rows"] if not r["correct"]]
   if bad:
     print(f"{len(bad)} row(s) matched no reference: "
-          + ", ".join(f"{r['impl']} {r['dtype']} {r['bytes_per_rank']} B" for r in bad[:10]))
+          + ", ".join(f"{r['impl']} {r.get('structure', '')} {r['dtype']} "
+                      f"{r['bytes_per_rank']} B".replace("  ", " ") for r in bad[:10]))
   return 1 if bad else 0
 
 
