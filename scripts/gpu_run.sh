@@ -16,9 +16,20 @@
 #   bench   python -m jax_llar.tools.bench --level jax
 #   flags   python -m jax_llar.tools.bench --level jax --psum_flags (lax.psum
 #           under XLA flags that target small all-reduces, one process each)
-#   demo    python examples/tp_decode/main.py --json $OUT/demo.json
+#   demo    python examples/tp_decode/main.py --json $OUT/demo.json (Llama-3.2-1B and
+#           Llama-3-8B at batch 1 against lax.psum under each XLA flag, the
+#           identity and the weight-read floor)
+#   sweep   the same over batch 1-64, without the flag baselines
+#   loop    python -m jax_llar.tools.bench --level loop (psum + multiply in each
+#           loop structure a user would write)
+#   loopflags  the loop level under each XLA flag set that changes how loops run,
+#           one process each
+#   cg      python examples/cg_solver/main.py (conjugate gradient, time per
+#           iteration against grid size)
 # Environment: BENCH_ARGS, FLAGS_ARGS, KBENCH_ARGS, SOL_ARGS, GRAPH_ARGS,
-# DEMO_ARGS (extra flags of those commands), TEST_ARGS (extra pytest
+# DEMO_ARGS, SWEEP_ARGS, LOOP_ARGS, LOOPFLAGS_ARGS, CG_ARGS (extra flags of
+# those commands), LLAR_GIT_COMMIT (the commit to record in result files when
+# this copy of the tree is not a git checkout of it), TEST_ARGS (extra pytest
 # arguments), SOL_KERNEL_JSON (a kernel-level result for sol; default: the
 # kbench stage's), STAGE_TIMEOUT (seconds per stage, default 900), PY.
 set -u
@@ -64,6 +75,10 @@ for s in "${stages[@]}"; do
     bench) run_stage bench $PY -m jax_llar.tools.bench --level jax --out "$OUT" ${BENCH_ARGS:-} ;;
     flags) run_stage flags $PY -m jax_llar.tools.bench --level jax --out "$OUT" --psum_flags --tag=-flags ${FLAGS_ARGS:-} ;;
     demo) run_stage demo $PY examples/tp_decode/main.py --json "$OUT/demo.json" ${DEMO_ARGS:-} ;;
+    sweep) run_stage sweep $PY examples/tp_decode/main.py --batches=1,2,4,8,16,32,64 --psum_flags= --json "$OUT/sweep.json" ${SWEEP_ARGS:-} ;;
+    loop) run_stage loop $PY -m jax_llar.tools.bench --level loop --out "$OUT" ${LOOP_ARGS:-} ;;
+    loopflags) run_stage loopflags $PY -m jax_llar.tools.bench --level loop --loop_flags --sizes=1024 --flag_timeout=420 --tag=-flags --out "$OUT" ${LOOPFLAGS_ARGS:-} ;;
+    cg) run_stage cg $PY examples/cg_solver/main.py --out "$OUT" ${CG_ARGS:-} ;;
     *) log "unknown stage $s" ;;
   esac
 done
@@ -75,7 +90,8 @@ grep -E "us/call" "$OUT/kbench.log" 2>/dev/null | head -n 40
 grep -E "SoL|one-shot kernel|_ns|_us " "$OUT/sol.log" 2>/dev/null
 grep -A30 "^dtype " "$OUT/bench.log" 2>/dev/null | head -n 22
 grep -A12 "^lax.psum under XLA flags" "$OUT/flags.log" 2>/dev/null
-grep -E "^(lax.psum|jax_llar.psum|speed-up)" "$OUT/demo.log" 2>/dev/null
+grep -A30 "^inter-token latency" "$OUT/demo.log" 2>/dev/null
+tail -n 45 "$OUT/loop.log" 2>/dev/null
 grep -E '"in_command_buffer": (true|false)' "$OUT/graph.log" 2>/dev/null | tail -n 1
 # The device tool returns at most 8 files: pack the logs into one.
 (cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log)

@@ -1,6 +1,8 @@
 """examples/tp_decode on CPU, as a new user runs it from the repository root:
-no traceback, the token ids of lax.psum and jax_llar.psum agree, and --json
-writes a result in the result-file shape."""
+no traceback, the token ids of lax.psum and jax_llar.psum agree, --json
+writes a result in the result-file shape with every implementation and the
+floor, and the model decodes the same tokens incrementally as in one
+prefill; hlo_check finds the in-place cache updates."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "tp_decode"
 
 
 def test_tp_decode_small_on_cpu(tmp_path):
@@ -20,18 +25,87 @@ def test_tp_decode_small_on_cpu(tmp_path):
                               if "xla_force_host_platform_device_count" not in f)
   out = tmp_path / "demo.json"
   p = subprocess.run(
-      [sys.executable, "examples/tp_decode/main.py", "--preset=small", "--tokens=3",
-       "--repeats=1", f"--json={out}"],
+      [sys.executable, "examples/tp_decode/main.py", "--presets=small", "--tokens=4",
+       "--chunk=2", "--prompt=8", "--repeats=1", "--batches=1,2", f"--json={out}"],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
   assert "Traceback" not in p.stdout + p.stderr, p.stderr[-3000:]
-  assert "tokens agree: True" in p.stdout
+  assert "token ids of lax.psum and llar.auto agree: True" in p.stdout
+  assert "XLA flags: skipped" in p.stdout
+  assert "random bfloat16 weights" in p.stdout
   result = json.loads(out.read_text())
   assert result["level"] == "app" and isinstance(result["env"], dict)
-  assert result["demo"]["tokens_agree"] is True
-  assert len(result["demo"]["token_ids"]) == 3  # the tokens of the first sequence
+  assert result["tokens_agree"] is True
+  assert result["psum_flags_skipped"]
   rows = result["rows"]
-  assert [r["impl"] for r in rows] == ["lax.psum", "llar.auto"]
-  for r in rows:
-    assert {"impl", "world_size", "dtype", "metric", "value"} <= set(r), r
-    assert r["metric"] == "itl_us" and r["value"] > 0 and r["world_size"] == 2
+  for b in (1, 2):
+    by = {r["impl"]: r for r in rows if r["workload"] == f"small batch {b}"}
+    assert set(by) == {"lax.psum", "llar.auto", "none", "floor"}, by.keys()
+    for r in by.values():
+      assert {"impl", "world_size", "dtype", "metric", "value", "tokens_per_s"} <= set(r), r
+      assert r["metric"] == "itl_us" and r["value"] > 0 and r["world_size"] == 2
+      assert r["batch"] == b and r["preset"] == "small"
+    for impl in ("lax.psum", "llar.auto", "none"):
+      assert by[impl]["p90_us"] >= by[impl]["value"] and by[impl]["samples"] == 2
+    assert by["llar.auto"]["tokens_agree"] is True
+    assert by["llar.auto"]["token_hash"] == by["lax.psum"]["token_hash"]
+    assert by["none"]["timing_only"] is True
+    assert by["floor"]["weight_bytes_per_device"] > 0
+    assert len(result["token_ids"][f"small batch {b}"]["lax.psum"]) == 4
+  try:
+    import matplotlib  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    assert out.with_suffix(".png").stat().st_size > 0
+  except ImportError:
+    pass
+
+
+@pytest.fixture(name="tp_model")
+def _tp_model():
+  sys.path.insert(0, str(EXAMPLE))
+  try:
+    import hlo_check  # pylint: disable=g-import-not-at-top
+    import model  # pylint: disable=g-import-not-at-top
+    yield model, hlo_check
+  finally:
+    sys.path.remove(str(EXAMPLE))
+    for name in ("hlo_check", "model"):
+      sys.modules.pop(name, None)
+
+
+def test_decode_matches_prefill_and_cache_is_updated_in_place(tp_model):
+  """Greedy tokens decoded one by one (scan and per-step) equal the token a
+  prefill of the whole sequence predicts; the compiled step updates every
+  layer's K and V cache in place."""
+  model, hlo_check = tp_model
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax import lax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
+  mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
+  cfg = model.PRESETS["small"]
+  b, plen, n = 2, 5, 3
+  m = model.build(cfg, mesh, b, plen + n)
+  params = m.init_params(0)
+  prompt = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab, (b, plen)), jnp.int32)
+  tok0, cache0 = m.prefill()(params, prompt, m.init_cache())
+  copy = jax.jit(lambda c: jax.tree_util.tree_map(jnp.copy, c))
+  toks, last, _ = m.decode_scan(lax.psum, n)(params, tok0, copy(cache0), jnp.int32(plen))
+  toks = np.asarray(toks)
+  np.testing.assert_array_equal(np.asarray(last), toks[-1])
+  step, cache, tok, stepped = m.decode_step(lax.psum), copy(cache0), tok0, []
+  for i in range(n):
+    tok, cache = step(params, tok, cache, jnp.int32(plen + i))
+    stepped.append(np.asarray(tok))
+  np.testing.assert_array_equal(np.stack(stepped), toks)
+  whole = jnp.concatenate([prompt, tok0[:, None], jnp.asarray(toks[:-1].T)], 1)
+  m2 = model.build(cfg, mesh, b, plen + n)
+  expect, _ = m2.prefill()(params, whole, m2.init_cache())
+  np.testing.assert_array_equal(np.asarray(expect), toks[-1])
+  d, hd = cfg.d_model, cfg.head_dim
+  layer = d * (cfg.n_heads + 2 * cfg.n_kv_heads) * hd + cfg.n_heads * hd * d + 3 * d * cfg.d_ff
+  assert m.weight_bytes_per_device() == 2 * (
+      (cfg.n_layers * layer + cfg.vocab * d) // 2 + b * d)
+  r = hlo_check.check(m, "python")
+  assert len(r["in_place"]) >= 2 * cfg.n_layers, [x["name"] for x in r["in_place"]]
+  assert r["n_while"] == 0 and r["n_kernels"] > 0

@@ -1,164 +1,688 @@
-"""Tensor-parallel Llama-style decoding: lax.psum against jax_llar.psum.
+"""Tensor-parallel Llama-3 decoding: inter-token latency with each all-reduce.
 
-  python examples/tp_decode/main.py [--preset llama3-8b-4l] [--tokens 64] [--json FILE]
+  python examples/tp_decode/main.py [--presets llama3.2-1b,llama3-8b]
+      [--batches 1] [--tokens 128] [--json FILE | --out DIR]
 
-Run from the repository root. A Llama-3-style decoder stack (model.py:
-bfloat16, random weights, KV cache) runs tensor parallel over all local
-devices with jax.shard_map, 2 all-reduces per layer and one for the greedy
-argmax per token. It decodes --tokens tokens greedily in one jitted
-lax.scan, once with lax.psum and once with jax_llar.psum, prints the
-inter-token latency of each (median over --repeats timed runs of the whole
-decode, divided by the token count, in microseconds; the timed runs of the two
-alternate, so that a drift of the machine affects both alike) and checks that both
-produce the same token ids; the exit status is 1 when they differ.
+Run from the repository root. A Llama-3 decoder (model.py: all layers at the
+real widths, bfloat16, random weights: latency does not depend on their
+values) runs tensor parallel over the local devices with jax.shard_map, 2
+all-reduces per layer and one for the greedy argmax per token. Each sequence
+gets a random prompt (--prompt tokens), prefilled in one forward pass that
+fills its KV cache (each sequence alone, with lax.psum, so that every batch
+size, implementation and process starts from the same cache); then --tokens
+tokens are decoded greedily, in jitted chunks of --chunk tokens (one
+lax.scan per chunk, or one jitted call per token with --loop python), with
+the all-reduce of each implementation:
+
+  lax.psum            XLA's all-reduce (NCCL on GPUs), default XLA flags
+  lax.psum+<flag>     the same under one XLA flag that targets small
+                      all-reduces, each flag in a process of its own (XLA
+                      reads its flags once); GPUs only
+  llar.auto           jax_llar.psum
+  none                the identity in place of the all-reduce: timing only,
+                      its tokens are meaningless
+  floor               no decoding: the bytes of weights one GPU reads per
+                      token divided by the HBM bandwidth of a large bfloat16
+                      elementwise kernel measured in the same process
+
+The flag baselines run first, one process after the other, before this
+process takes the GPUs' memory; all processes share XLA's autotuning cache
+(--autotune_cache), so that they run the same matrix kernels. The batch
+sweep of the plot is --batches=1,2,4,8,16,32,64.
+
+Inter-token latency (ITL): every timed chunk gives one sample, its wall time
+divided by its token count; a row reports the median and the 90th
+percentile over all chunks of --repeats runs, and tokens/s = batch / median.
+The timed runs of the implementations alternate, in an order that rotates
+from run to run, so that a drift of the machine affects all alike. The
+token ids of lax.psum and jax_llar.psum must be identical: the exit status is
+1 when they differ. The result (level "app", one row per preset, batch and
+implementation, metric itl_us) goes to --json or to --out, in the result-file
+shape of benchmarks/METHOD.md in the repository, with a plot of latency and
+tokens/s against batch size where matplotlib is installed.
 
 Without a GPU it runs the small preset on forced CPU devices (it sets
 JAX_PLATFORMS=cpu and XLA_FLAGS and says so), where jax_llar.psum lowers to
-lax.psum and both rows differ only by noise. --json writes the result in the
-result-file shape of benchmarks/METHOD.md in the repository (level "app",
-metric itl_us, impl names lax.psum and llar.auto).
+lax.psum (both rows differ only by noise) and the XLA flag variants are
+skipped.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import gc
+import hashlib
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
-from absl import flags
+from absl import app, flags
 
 from jax_llar.tools import _cli, host, report
 
-from model import PRESETS, build
+import model as model_lib
 
-PRESET = flags.DEFINE_enum("preset", None, sorted(PRESETS),
-                           "Model widths (default: llama3-8b-4l on GPUs, small on CPU).")
-TOKENS = flags.DEFINE_integer("tokens", 64, "Tokens decoded per run.", lower_bound=1)
-BATCH = flags.DEFINE_integer("batch", 1, "Sequences decoded together.", lower_bound=1)
-REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs, after one run that compiles.",
-                               lower_bound=1)
+PRESETS = model_lib.PRESETS
+GPU_PRESETS = ("llama3.2-1b", "llama3-8b")
+CPU_PRESETS = ("small",)
+IMPLS = ("lax.psum", "llar.auto", "none", "floor")
+SWEEP = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _psum_flags() -> dict[str, str]:
+  """Short name -> XLA flag, for the flags of jax_llar.tools.jax_level."""
+  from jax_llar.tools import jax_level
+  return {f.lstrip("-").split("=")[0].removeprefix("xla_gpu_"): f
+          for f in jax_level.PSUM_FLAGS}
+
+
+_FLAG_NAMES = _psum_flags()
+
+PRESETS_F = flags.DEFINE_list(
+    "presets", None, "Models, each measured in turn (default: "
+    f"{','.join(GPU_PRESETS)} on GPUs, {','.join(CPU_PRESETS)} on CPU); known: "
+    f"{', '.join(sorted(PRESETS))}.")
+BATCHES = flags.DEFINE_list(
+    "batches", None, "Batch sizes (sequences decoded together), each measured "
+    "with every implementation (default: 1; the sweep of the plot: "
+    f"{','.join(map(str, SWEEP))}).")
+IMPLS_F = flags.DEFINE_list("impls", list(IMPLS), "Implementations to measure.")
+PSUM_FLAGS_F = flags.DEFINE_list(
+    "psum_flags", list(_FLAG_NAMES),
+    "lax.psum baselines under XLA flags, by name (GPUs only; empty: none): " +
+    "; ".join(f"{k} = {v}" for k, v in _FLAG_NAMES.items()) + ".")
+FLAG_BATCHES = flags.DEFINE_list("flag_batches", ["1"],
+                                 "Batch sizes of the XLA flag baselines.")
+TOKENS = flags.DEFINE_integer("tokens", 128, "Tokens decoded per run (a multiple "
+                              "of --chunk).", lower_bound=1)
+CHUNK = flags.DEFINE_integer("chunk", 16, "Tokens per jitted decode call and per "
+                             "timing sample.", lower_bound=1)
+PROMPT = flags.DEFINE_integer("prompt", 64, "Prompt tokens prefilled per sequence.",
+                              lower_bound=1)
+REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per implementation, after "
+                               "one that compiles and warms up.", lower_bound=1)
+LOOP = flags.DEFINE_enum("loop", "scan", ["scan", "python"],
+                         "Decode loop: scan (one lax.scan of --chunk tokens per "
+                         "jitted call) or python (one jitted call per token).")
 TP = flags.DEFINE_integer("tp", 0, "Devices to use, the tensor-parallel size (0: all).",
                           lower_bound=0)
 CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 2,
                                    "Host devices to force when there is no GPU.",
                                    lower_bound=1)
-SEED = flags.DEFINE_integer("seed", 0, "Seed of the random weights.")
-JSON = flags.DEFINE_string("json", None, "Also write the result to this file.")
+SEED = flags.DEFINE_integer("seed", 0, "Seed of the random weights and prompts.")
+JSON_F = flags.DEFINE_string("json", None, "Write the result to this file (the plot "
+                             "beside it); default: a file named after the machine "
+                             "and date in --out.")
+OUT = flags.DEFINE_string("out", report.default_out_dir(), "Folder of the result "
+                          "when --json is not given (an existing file there is "
+                          "never overwritten: the name gets -2, -3, ...).")
+TAG = flags.DEFINE_string("tag", "", "Suffix of the result's file name in --out "
+                          "(default: -<presets>, then -sweep with several batch sizes "
+                          "and -python with --loop python).")
+PLOT = flags.DEFINE_boolean("plot", True, "Also save the plot (needs matplotlib).")
+FLAG_TIMEOUT = flags.DEFINE_integer("flag_timeout", 900, "Seconds allowed for each "
+                                    "XLA flag baseline's process.", lower_bound=1)
+AUTOTUNE_CACHE = flags.DEFINE_string(
+    "autotune_cache", os.path.join(tempfile.gettempdir(), "jax_llar_autotune"),
+    "GPUs: folder of XLA's per-fusion autotuning cache, shared by this process "
+    "and the flag baselines' processes, so that all of them run the same matrix "
+    "kernels and compile faster (empty: XLA's default, no shared cache).")
 
 
-def run(preset: str | None, tokens: int, batch: int, repeats: int, tp: int,
-        seed: int) -> dict:
-  """Decodes with lax.psum and with jax_llar.psum and prints the comparison.
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What one run measures (see the module docstring and the flags)."""
+  presets: tuple[str, ...]
+  batches: tuple[int, ...]
+  impls: tuple[str, ...] = IMPLS
+  psum_flags: tuple[str, ...] = ()  # full XLA flags
+  flag_batches: tuple[int, ...] = (1,)
+  tokens: int = 128
+  chunk: int = 16
+  prompt: int = 64
+  repeats: int = 5
+  loop: str = "scan"
+  tp: int = 0
+  seed: int = 0
+  flag_timeout: int = 900
 
-  Returns:
-    dict with preset, config, tp, platform, device_kind, batch, tokens,
-    repeats, results (per all-reduce: itl_us, itl_us_min, itl_us_max in
-    microseconds), tokens_agree, fast_path_active and token_ids (the tokens
-    decoded for the first sequence).
-  """
-  import dataclasses
 
+def flag_impl(flag: str) -> str:
+  """``lax.psum+<flag without leading dashes>``."""
+  return "lax.psum+" + flag.lstrip("-")
+
+
+def _pct(xs: list[float], q: float) -> float:
+  xs = sorted(xs)
+  k = (len(xs) - 1) * q
+  lo = int(k)
+  hi = min(lo + 1, len(xs) - 1)
+  return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def _token_hash(a) -> str:
+  import numpy as np
+  return hashlib.sha256(np.ascontiguousarray(a, dtype=np.int32).tobytes()).hexdigest()[:16]
+
+
+def measure_bandwidth(mesh, nbytes: int, calls: int = 10) -> dict:
+  """HBM bandwidth per device from large bfloat16 kernels, each device on
+  its own `nbytes` array: ``copy_gbs`` from an elementwise multiply (bytes
+  read + written per second) and ``read_gbs`` from a sum (bytes read per
+  second). Each is the slope between programs of 1 and 5 kernels separated
+  by optimisation barriers (median of `calls` calls each, alternating), so
+  that a call's fixed cost cancels. GB = 1e9 bytes."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  n = nbytes // 2
+  x = jax.jit(lambda: jnp.ones((mesh.size * n,), jnp.bfloat16),
+              out_shardings=NamedSharding(mesh, P("tp")))()
+
+  def prog(kind, k):
+    def body(v):
+      acc = jnp.zeros((), jnp.float32)
+      for i in range(k):
+        if kind == "copy":
+          v = lax.optimization_barrier(v * jnp.bfloat16(1.0 + 2.0 ** -7 * (i + 1)))
+        else:
+          v, acc = lax.optimization_barrier((v, acc + jnp.sum(v, dtype=jnp.float32)))
+      return v[:1].astype(jnp.float32) + acc
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("tp"), out_specs=P("tp"),
+                                 check_vma=False))
+
+  out = {"bytes_per_device": n * 2}
+  for kind, moved in (("copy", 4 * n), ("read", 2 * n)):
+    f1, f5 = prog(kind, 1), prog(kind, 5)
+    f1(x).block_until_ready()
+    f5(x).block_until_ready()
+    t1, t5 = [], []
+    for _ in range(calls):
+      for f, ts in ((f1, t1), (f5, t5)):
+        t0 = time.perf_counter()
+        f(x).block_until_ready()
+        ts.append(time.perf_counter() - t0)
+    per_kernel = (statistics.median(t5) - statistics.median(t1)) / 4
+    out[f"{kind}_gbs"] = moved / per_kernel / 1e9 if per_kernel > 0 else float("nan")
+  del x
+  return out
+
+
+class _Decoder:
+  """One implementation's decode program at one batch size, and its runs."""
+
+  def __init__(self, m, impl, psum_fn, s: Settings, params, tok0, cache0):
+    import jax
+    import jax_llar
+    self.impl, self.m, self.s = impl, m, s
+    self.params, self.tok0, self.cache0 = params, tok0, cache0
+    if impl == "llar.auto":
+      jax_llar.clear_dispatch_log()
+    fn = m.decode_scan(psum_fn, s.chunk) if s.loop == "scan" else m.decode_step(psum_fn)
+    t0 = time.perf_counter()
+    self.fn = fn.lower(params, tok0, cache0, self.positions()[0]).compile()
+    self.compile_s = time.perf_counter() - t0
+    self.decisions = ([d for d in jax_llar.dispatch_log()] if impl == "llar.auto"
+                      else None)
+    self.run()  # warm-up
+
+  _copy_fn = None
+
+  def _copy(self, cache):
+    import jax
+    import jax.numpy as jnp
+    if _Decoder._copy_fn is None:
+      _Decoder._copy_fn = jax.jit(lambda c: jax.tree_util.tree_map(jnp.copy, c))
+    out = _Decoder._copy_fn(cache)
+    jax.block_until_ready(out)
+    return out
+
+  _positions = {}
+
+  def positions(self):
+    """Device scalars of every decode position (made once: a timed call
+    transfers nothing from the host)."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    key = (id(self.m.mesh), self.s.prompt, self.s.tokens)
+    if key not in _Decoder._positions:
+      rep = NamedSharding(self.m.mesh, P())
+      _Decoder._positions[key] = [jax.device_put(np.int32(self.s.prompt + i), rep)
+                                  for i in range(self.s.tokens)]
+    return _Decoder._positions[key]
+
+  def run(self) -> tuple[list[float], "np.ndarray"]:
+    """One run of s.tokens tokens from the prefilled cache: per chunk the
+    inter-token latency sample (seconds), and the tokens (tokens, batch)."""
+    import numpy as np
+    s, pos = self.s, self.positions()
+    cache, tok = self._copy(self.cache0), self.tok0
+    samples, toks = [], []
+    for c in range(s.tokens // s.chunk):
+      if s.loop == "scan":
+        t0 = time.perf_counter()
+        out, tok, cache = self.fn(self.params, tok, cache, pos[c * s.chunk])
+        tok.block_until_ready()
+        samples.append((time.perf_counter() - t0) / s.chunk)
+        toks.append(out)
+      else:
+        t0 = time.perf_counter()
+        for i in range(s.chunk):
+          tok, cache = self.fn(self.params, tok, cache, pos[c * s.chunk + i])
+          toks.append(tok)
+        tok.block_until_ready()
+        samples.append((time.perf_counter() - t0) / s.chunk)
+    del cache
+    if s.loop == "python":
+      return samples, np.stack([np.asarray(t) for t in toks], 0)
+    return samples, np.concatenate([np.asarray(t) for t in toks], 0)
+
+
+def _prefilled(m1, params, s: Settings, n_seq: int):
+  """Per sequence i < n_seq: its random prompt (seeded by (seed, i)),
+  prefilled alone (batch 1, lax.psum) -> (first token (1,), cache). A
+  sequence's cache thus does not depend on the batch sizes measured or on
+  the process."""
   import jax
   import jax.numpy as jnp
   import numpy as np
+  prefill = m1.prefill()
+  out = []
+  for i in range(n_seq):
+    prompt = np.random.default_rng([s.seed, i]).integers(0, m1.cfg.vocab, (1, s.prompt))
+    tok, cache = prefill(params, jnp.asarray(prompt, jnp.int32), m1.init_cache())
+    out.append((tok, cache))
+  jax.block_until_ready(out)
+  return out
+
+
+def _batch_of(seqs, b: int, mesh):
+  """(tok (b,), cache) of the first b prefilled sequences, concatenated."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  toks = [t for t, _ in seqs[:b]]
+  caches = [c for _, c in seqs[:b]]
+  cat = jax.jit(lambda cs: jax.tree_util.tree_map(lambda *a: jnp.concatenate(a, 0), *cs),
+                out_shardings=NamedSharding(mesh, model_lib.CACHE_SPEC))
+  tok = jax.jit(lambda ts: jnp.concatenate(ts, 0), out_shardings=NamedSharding(mesh, P()))
+  return tok(toks), cat(caches)
+
+
+def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) -> tuple[list, dict]:
+  """All rows of one preset: per batch size, every impl of `impls` timed in
+  alternating runs, plus the floor row when `bw` is given. Returns (rows,
+  token ids of the first sequence per batch and impl)."""
+  import jax
+  import numpy as np
   from jax import lax
+
+  import jax_llar
+  cfg = PRESETS[name]
+  max_len = s.prompt + s.tokens
+  fns = {"lax.psum": lax.psum, "llar.auto": jax_llar.psum, "none": lambda x, axis: x}
+  m1 = model_lib.build(cfg, mesh, 1, max_len)
+  t0 = time.perf_counter()
+  params = m1.init_params(s.seed)
+  jax.block_until_ready(params)
+  t_init = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  seqs = _prefilled(m1, params, s, max(batches))
+  print(f"  weights {m1.weight_bytes_per_device() / 2**30:.2f} GiB per device, made "
+        f"in {t_init:.1f} s; {max(batches)} prompt(s) of {s.prompt} tokens "
+        f"prefilled in {time.perf_counter() - t0:.1f} s (compile included)", flush=True)
+  rows, first_ids = [], {}
+  for b in batches:
+    m = model_lib.build(cfg, mesh, b, max_len)
+    tok0, cache0 = _batch_of(seqs, b, mesh)
+    workload = f"{name} batch {b}"
+    common = {"world_size": m.tp, "dtype": "bfloat16", "metric": "itl_us",
+              "workload": workload, "preset": name, "batch": b, "tokens": s.tokens,
+              "chunk": s.chunk, "prompt": s.prompt, "loop": s.loop, "repeats": s.repeats}
+    timed = [i for i in impls if i in fns]
+    decs = {}
+    for impl in timed:
+      decs[impl] = _Decoder(m, impl, fns[impl], s, params, tok0, cache0)
+    runs = {impl: [] for impl in timed}
+    for r in range(s.repeats):
+      order = timed[r % len(timed):] + timed[:r % len(timed)] if timed else []
+      for impl in order:
+        runs[impl].append(decs[impl].run())
+    ref = runs.get("lax.psum", [[None, None]])[0][1]
+    for impl in timed:
+      d = decs[impl]
+      samples = [x * 1e6 for smp, _ in runs[impl] for x in smp]
+      toks = [t for _, t in runs[impl]]
+      med = statistics.median(samples)
+      row = dict(common, impl=impl, value=med, p90_us=_pct(samples, 0.9),
+                 min_us=min(samples), max_us=max(samples),
+                 mean_us=statistics.fmean(samples), samples=len(samples),
+                 tokens_per_s=b * 1e6 / med, compile_s=d.compile_s,
+                 token_hash=_token_hash(toks[0]),
+                 deterministic=all(np.array_equal(toks[0], t) for t in toks[1:]),
+                 timing_only=impl == "none")
+      if impl == "llar.auto":
+        row["tokens_agree"] = (bool(np.array_equal(ref, toks[0])) if ref is not None
+                               else None)
+        # jax_llar's lowering decisions for this program (one per distinct
+        # psum lowering, not per psum site).
+        row["decisions"] = len(d.decisions)
+        row["fast_decisions"] = sum(x.fast for x in d.decisions)
+        row["fast_path"] = bool(d.decisions) and row["fast_decisions"] == len(d.decisions)
+        row["fallback_reasons"] = sorted({f"{x.reason}: {x.detail}" for x in d.decisions
+                                          if not x.fast})
+      elif impl == "lax.psum":
+        row["tokens_agree"] = True
+      rows.append(row)
+      first_ids.setdefault(workload, {})[impl] = toks[0][:, 0].tolist()
+    if bw is not None and "floor" in impls:
+      wb, kvb = m.weight_bytes_per_device(), m.kv_bytes_per_device()
+      fl = wb / (bw["copy_gbs"] * 1e9) * 1e6
+      rows.append(dict(common, impl="floor", value=fl, tokens_per_s=b * 1e6 / fl,
+                       weight_bytes_per_device=wb, kv_bytes_per_device=kvb,
+                       floor_with_kv_us=(wb + kvb) / (bw["copy_gbs"] * 1e9) * 1e6,
+                       floor_read_us=wb / (bw["read_gbs"] * 1e9) * 1e6,
+                       hbm_copy_gbs=bw["copy_gbs"], hbm_read_gbs=bw["read_gbs"]))
+    for row in rows[len(rows) - len(timed) - (bw is not None and "floor" in impls):]:
+      _print_row(row)
+    del decs, cache0, tok0
+    gc.collect()
+  del params, seqs
+  gc.collect()
+  return rows, first_ids
+
+
+def _print_row(r: dict) -> None:
+  extra = ""
+  if r["impl"] == "floor":
+    extra = (f"  ({r['weight_bytes_per_device'] / 2**30:.2f} GiB of weights per device "
+             f"at {r['hbm_copy_gbs']:.0f} GB/s)")
+  else:
+    extra = f"  p90 {r['p90_us']:9.1f} us  compile {r.get('compile_s', 0):5.1f} s"
+    if r["impl"] == "llar.auto":
+      extra += (f"  fast path {r['fast_decisions']}/{r['decisions']} lowerings  "
+                f"tokens agree: {r['tokens_agree']}")
+    if r["impl"] == "none":
+      extra += "  (timing only)"
+  print(f"  {r['workload']:24s} {r['impl']:24s} {r['value']:9.1f} us/token "
+        f"{r['tokens_per_s']:9.0f} tok/s{extra}", flush=True)
+
+
+def child_command(s: Settings, presets, out_json: str) -> list[str]:
+  """The command line of one XLA flag baseline: this program with lax.psum
+  only, at the flag batch sizes, the same tokens, prompt, loop, devices and
+  seed."""
+  return [sys.executable, os.path.abspath(__file__), "--impls=lax.psum",
+          "--psum_flags=", "--presets=" + ",".join(presets),
+          "--batches=" + ",".join(map(str, s.flag_batches)), f"--tokens={s.tokens}",
+          f"--chunk={s.chunk}", f"--prompt={s.prompt}", f"--repeats={s.repeats}",
+          f"--loop={s.loop}", f"--tp={s.tp}", f"--seed={s.seed}",
+          f"--json={out_json}", "--noplot", f"--autotune_cache={AUTOTUNE_CACHE.value}"]
+
+
+def run_flag_baselines(s: Settings, presets) -> tuple[list[dict], list[dict]]:
+  """lax.psum under each of ``s.psum_flags`` appended to XLA_FLAGS, each in
+  a process of its own (`child_command`), one after the other. Returns the
+  rows (impl ``lax.psum+<flag>``, ``xla_flags`` added) and one record per
+  failed process (flag, rc, output tail)."""
+  rows, failures = [], []
+  for flag in s.psum_flags:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), flag) if f)
+    print(f"lax.psum with {flag} (a process of its own) ...", flush=True)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="tp_decode_flag_") as d:
+      path = os.path.join(d, "child.json")
+      try:
+        p = subprocess.run(child_command(s, presets, path), env=env, capture_output=True,
+                           text=True, timeout=s.flag_timeout)
+        rc, tail = p.returncode, (p.stdout + p.stderr)[-2000:]
+      except subprocess.TimeoutExpired as e:
+        rc, tail = "timeout", str(e)[-500:]
+      if rc != 0 or not os.path.exists(path):
+        failures.append({"flag": flag, "rc": rc, "output_tail": tail})
+        print(f"  failed (rc={rc}): {tail[-600:]}", flush=True)
+        continue
+      with open(path) as f:
+        child = json.load(f)
+    for r in child["rows"]:
+      r["impl"] = flag_impl(flag)
+      r["xla_flags"] = env["XLA_FLAGS"]
+      rows.append(r)
+      _print_row(r)
+    print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+  return rows, failures
+
+
+def run(s: Settings, baseline_rows: list[dict] | None = None,
+        failures: list[dict] | None = None) -> dict:
+  """Measures every preset of `s` in this process (flag baselines come from
+  `run_flag_baselines`, given as `baseline_rows`) and returns the result:
+  ``{"env", "level": "app", "rows", "settings", "configs", "bandwidth",
+  "token_ids", "tokens_agree", "psum_flag_failures", "psum_flags_skipped",
+  "dispatch"}``. tokens_agree is False when jax_llar's token ids differ from
+  lax.psum's in some workload (flag baselines are compared too, in their
+  rows, but do not count)."""
+  import jax
+  import numpy as np
   from jax.sharding import Mesh
 
   import jax_llar
-
   devices = jax.devices()
   platform = devices[0].platform
-  preset = preset or ("llama3-8b-4l" if platform == "gpu" else "small")
-  cfg = PRESETS[preset]
-  n = tp or len(devices)
+  n = s.tp or len(devices)
   mesh = Mesh(np.array(devices[:n]), ("tp",))
-  max_len = tokens + 1
-  print(f"tp_decode: {preset} ({cfg.n_layers} layers, d_model {cfg.d_model}, "
-        f"vocab {cfg.vocab}), bf16, TP={n} over {platform} "
-        f"({devices[0].device_kind}), batch {batch}, {tokens} tokens")
-  st = jax_llar.status()
-  if not st["active"]:
-    print("jax_llar.psum lowers to lax.psum here, so both runs use the same "
-          "all-reduce.")
-
-  first = jnp.zeros((batch,), jnp.int32) + 128000 % cfg.vocab
-  decoders, params = {}, None
-  for name, fn in (("lax.psum", lax.psum), ("jax_llar.psum", jax_llar.psum)):
-    init_params, init_cache, decode = build(cfg, mesh, fn, batch, max_len)
-    if params is None:  # the same weights (and shardings) serve both
-      params = init_params(jax.random.key(seed))
-    decoders[name] = (init_cache, decode)
-
-  def decode_once(name):
-    init_cache, decode = decoders[name]
-    kc, vc = init_cache()
-    jax.block_until_ready((kc, vc))
-    t0 = time.perf_counter()
-    toks, kc, vc = decode(params, first, kc, vc, tokens)
-    toks.block_until_ready()
-    return time.perf_counter() - t0, toks
-
-  token_ids = {name: np.asarray(decode_once(name)[1]) for name in decoders}  # compiles
-  times = {name: [] for name in decoders}
-  names = list(decoders)
-  for i in range(repeats):  # the two all-reduces alternate, first one first, then the other
-    for name in (names if i % 2 == 0 else names[::-1]):
-      times[name].append(decode_once(name)[0])
-  results = {name: {"itl_us": statistics.median(t) / tokens * 1e6,
-                    "itl_us_min": min(t) / tokens * 1e6,
-                    "itl_us_max": max(t) / tokens * 1e6}
-             for name, t in times.items()}
-  fast = [d for d in jax_llar.dispatch_log() if d.fast]
-  agree = bool(np.array_equal(token_ids["lax.psum"], token_ids["jax_llar.psum"]))
-  print(f"{'all-reduce':16s} {'inter-token latency (us)':>26s}")
-  for name, r in results.items():
-    print(f"{name:16s} {r['itl_us']:12.1f}  [min {r['itl_us_min']:.1f}, "
-          f"max {r['itl_us_max']:.1f}]")
-  if fast:
-    speed = results["lax.psum"]["itl_us"] / results["jax_llar.psum"]["itl_us"]
-    print(f"speed-up {speed:.2f}x; jax_llar fast path active ({len(fast)} distinct "
-          f"psum lowerings on it); tokens agree: {agree}")
-  else:
-    print(f"jax_llar fast path inactive: no speed-up to report (the two rows "
-          f"differ only by noise); tokens agree: {agree}")
-  print(f"first tokens: {token_ids['jax_llar.psum'][:8, 0].tolist()}")
-  return {"preset": preset, "config": dataclasses.asdict(cfg), "tp": n,
-          "platform": platform, "device_kind": devices[0].device_kind,
-          "batch": batch, "tokens": tokens, "repeats": repeats,
-          "results": results, "tokens_agree": agree, "fast_path_active": bool(fast),
-          "token_ids": token_ids["jax_llar.psum"][:, 0].tolist()}
+  print(f"tp_decode: TP={n} over {platform} ({devices[0].device_kind}); random "
+        f"bfloat16 weights (latency does not depend on their values); prompt "
+        f"{s.prompt} tokens prefilled, then {s.tokens} tokens decoded greedily per run "
+        f"in chunks of {s.chunk} ({s.loop} loop), {s.repeats} timed runs per "
+        f"implementation", flush=True)
+  if not jax_llar.status()["active"]:
+    print("jax_llar.psum lowers to lax.psum here: the lax.psum and llar.auto rows "
+          "differ only by noise", flush=True)
+  bw = None
+  if "floor" in s.impls:
+    bw = measure_bandwidth(mesh, (1 << 30) if platform == "gpu" else (32 << 20))
+    print(f"HBM bandwidth per device: {bw['copy_gbs']:.0f} GB/s (bfloat16 elementwise "
+          f"kernel, bytes read + written), {bw['read_gbs']:.0f} GB/s (sum, bytes read)",
+          flush=True)
+  rows, token_ids = [], {}
+  for name in s.presets:
+    c = PRESETS[name]
+    print(f"{name}: {c.n_layers} layers, d_model {c.d_model}, heads {c.n_heads}/"
+          f"{c.n_kv_heads} x {c.head_dim}, MLP {c.d_ff}, vocabulary {c.vocab}"
+          f"{', tied embeddings' if c.tied_embeddings else ''}; "
+          f"{2 * c.n_layers + 1} all-reduces per token", flush=True)
+    r, ids = run_preset(name, mesh, s, s.batches, s.impls, bw)
+    rows += r
+    token_ids.update(ids)
+  baseline_rows = list(baseline_rows or [])
+  ref = {r["workload"]: r["token_hash"] for r in rows if r["impl"] == "lax.psum"}
+  for r in baseline_rows:
+    r["tokens_agree"] = (r["token_hash"] == ref[r["workload"]]
+                         if r["workload"] in ref else None)
+  rows += baseline_rows
+  agree = all(r.get("tokens_agree") is not False for r in rows if r["impl"] == "llar.auto")
+  return {"env": report.environment(), "level": "app", "rows": rows,
+          "settings": dataclasses.asdict(s),
+          "configs": {p: dataclasses.asdict(PRESETS[p]) for p in s.presets},
+          "bandwidth": bw, "token_ids": token_ids, "tokens_agree": agree,
+          "psum_flag_failures": failures or [],
+          "psum_flags_skipped": None if platform == "gpu" or not s.psum_flags else
+          "the XLA flags target XLA's GPU all-reduce: skipped without GPUs",
+          "dispatch": [d.to_dict() for d in jax_llar.dispatch_log()][-50:]}
 
 
-def app_result(out: dict, env: dict, command: str) -> dict:
-  """`run`'s output in the result-file shape (level "app", metric itl_us,
-  impl names lax.psum and llar.auto), with the raw output kept under
-  "demo"."""
-  workload = f"{out['preset']} batch {out['batch']} tokens {out['tokens']}"
-  names = {"lax.psum": "lax.psum", "jax_llar.psum": "llar.auto"}
-  rows = [{"impl": names[k], "world_size": out["tp"], "dtype": "bfloat16",
-           "metric": "itl_us", "value": v["itl_us"], "min": v["itl_us_min"],
-           "max": v["itl_us_max"], "workload": workload,
-           # llar.auto lowered to lax.psum wherever the fast path was off.
-           "fast_path": bool(out["fast_path_active"]) if k == "jax_llar.psum" else None}
-          for k, v in out["results"].items()]
-  return {"env": env, "level": "app", "command": command, "rows": rows, "demo": out}
+def print_summary(result: dict) -> None:
+  """Per workload: every implementation's median inter-token latency [p90],
+  then the ratios lax.psum / llar.auto (default flags and the best flag
+  variant), llar.auto / none and none / floor."""
+  by: dict = {}
+  for r in result["rows"]:
+    by.setdefault(r["workload"], {})[r["impl"]] = r
+  print("inter-token latency, us per token: median [p90]")
+  for w, v in by.items():
+    cells = "  ".join(f"{i} {r['value']:.1f}" + (f" [{r['p90_us']:.1f}]" if "p90_us" in r else "")
+                      for i, r in v.items())
+    print(f"  {w}: {cells}")
+    ll, ps, no, fl = (v.get(k) for k in ("llar.auto", "lax.psum", "none", "floor"))
+    ratios = []
+    if ll and ps:
+      gain = 100 * (1 - ll["value"] / ps["value"])
+      ratios.append(f"lax.psum/llar.auto {ps['value'] / ll['value']:.2f}x (llar.auto "
+                    f"{abs(gain):.0f}% {'lower' if gain >= 0 else 'higher'})")
+      flagged = [r for i, r in v.items() if i.startswith("lax.psum+")]
+      if flagged:
+        best = min(flagged, key=lambda r: r["value"])
+        ratios.append(f"best flag variant/llar.auto {best['value'] / ll['value']:.2f}x "
+                      f"({best['impl'].split('=')[0].removeprefix('lax.psum+')})")
+    if ll and no:
+      ratios.append(f"llar.auto/none {ll['value'] / no['value']:.2f}x")
+    if no and fl:
+      ratios.append(f"none/floor {no['value'] / fl['value']:.2f}x")
+    if ratios:
+      print("    " + "; ".join(ratios))
+  print(f"token ids of lax.psum and llar.auto agree: {result['tokens_agree']}")
+  if result.get("psum_flags_skipped"):
+    print(f"lax.psum under XLA flags: {result['psum_flags_skipped']}")
+
+
+def plot(result: dict, path: str) -> None:
+  """Inter-token latency and tokens/s against batch size, one line per
+  implementation, one column per preset, saved as PNG at `path`.
+
+  Raises:
+    ImportError: when matplotlib is not installed.
+  """
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  presets = list(dict.fromkeys(r["preset"] for r in result["rows"]))
+  fig, axes = plt.subplots(2, len(presets), figsize=(6 * len(presets), 8), squeeze=False)
+  for col, p in enumerate(presets):
+    rows = [r for r in result["rows"] if r["preset"] == p]
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    for impl in impls:
+      pts = sorted((r["batch"], r["value"], r["tokens_per_s"]) for r in rows
+                   if r["impl"] == impl)
+      label = impl if len(impl) < 40 else impl[:40] + "..."
+      style = "k--" if impl == "floor" else ("o:" if impl == "none" else "o-")
+      for ax, k in ((axes[0][col], 1), (axes[1][col], 2)):
+        ax.plot([q[0] for q in pts], [q[k] for q in pts], style, label=label, ms=4)
+    for ax, ylabel in ((axes[0][col], "inter-token latency (us, median)"),
+                       (axes[1][col], "tokens/s (batch / latency)")):
+      ax.set_xscale("log", base=2)
+      ax.set_yscale("log")
+      ax.set_xlabel("batch size")
+      ax.set_ylabel(ylabel)
+      ax.set_title(f"{p}, TP={rows[0]['world_size']}")
+      ax.grid(True, which="both", alpha=0.3)
+      ax.legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def _ints(values, what: str) -> tuple[int, ...]:
+  try:
+    out = tuple(int(v) for v in values)
+  except ValueError as e:
+    raise app.UsageError(f"--{what}: comma list of integers expected") from e
+  if any(v < 1 for v in out):
+    raise app.UsageError(f"--{what}: values must be at least 1")
+  return out
+
+
+def settings_from_flags(gpu: bool) -> Settings:
+  """Settings from the command line (defaults per platform).
+
+  Raises:
+    app.UsageError: unknown presets, impls or flag names; --tokens not a
+      multiple of --chunk.
+  """
+  presets = tuple(PRESETS_F.value or (GPU_PRESETS if gpu else CPU_PRESETS))
+  unknown = [p for p in presets if p not in PRESETS]
+  if unknown:
+    raise app.UsageError(f"--presets: unknown {', '.join(unknown)}; known: "
+                         f"{', '.join(sorted(PRESETS))}")
+  impls = tuple(IMPLS_F.value)
+  bad = [i for i in impls if i not in IMPLS]
+  if not impls:
+    raise app.UsageError(f"--impls: at least one of {', '.join(IMPLS)}")
+  if bad:
+    raise app.UsageError(f"--impls: unknown {', '.join(bad)}; known: {', '.join(IMPLS)}")
+  bad = [f for f in PSUM_FLAGS_F.value if f not in _FLAG_NAMES]
+  if bad:
+    raise app.UsageError(f"--psum_flags: unknown {', '.join(bad)}; known: "
+                         f"{', '.join(_FLAG_NAMES)}")
+  if TOKENS.value % CHUNK.value:
+    raise app.UsageError(f"--tokens ({TOKENS.value}) must be a multiple of --chunk "
+                         f"({CHUNK.value})")
+  return Settings(
+      presets=presets, batches=_ints(BATCHES.value or ["1"], "batches"), impls=impls,
+      psum_flags=tuple(_FLAG_NAMES[f] for f in PSUM_FLAGS_F.value),
+      flag_batches=_ints(FLAG_BATCHES.value, "flag_batches"), tokens=TOKENS.value,
+      chunk=CHUNK.value, prompt=PROMPT.value, repeats=REPEATS.value, loop=LOOP.value,
+      tp=TP.value, seed=SEED.value, flag_timeout=FLAG_TIMEOUT.value)
 
 
 def main() -> int:
-  if not host.gpu_present():
+  gpu = host.gpu_present()
+  if not gpu:
     changed = host.use_cpu(CPU_DEVICES.value)
     if changed:
       print("no GPU here: running on forced CPU devices (" + ", ".join(changed) + ")",
             flush=True)
-  out = run(PRESET.value, TOKENS.value, BATCH.value, REPEATS.value, TP.value, SEED.value)
-  if JSON.value:
-    result = app_result(out, report.environment(),
-                        "python examples/tp_decode/main.py " + " ".join(sys.argv[1:]))
-    with open(JSON.value, "w") as f:
-      json.dump(result, f, indent=1)
-    print(f"saved {JSON.value}")
-  return 0 if out["tokens_agree"] else 1
+  elif AUTOTUNE_CACHE.value and "autotune_cache_dir" not in os.environ.get("XLA_FLAGS", ""):
+    os.makedirs(AUTOTUNE_CACHE.value, exist_ok=True)
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_gpu_per_fusion_autotune_cache_dir=" +
+                               AUTOTUNE_CACHE.value).strip()
+  s = settings_from_flags(gpu)
+  t0 = time.perf_counter()
+  # The flag baselines run first, before this process takes the GPUs' memory.
+  baseline_rows, failures = [], []
+  if gpu and s.psum_flags and "lax.psum" in s.impls:
+    baseline_rows, failures = run_flag_baselines(s, s.presets)
+  elif s.psum_flags and not gpu:
+    print("lax.psum under XLA flags: skipped (the flags target XLA's GPU all-reduce)",
+          flush=True)
+  result = run(s, baseline_rows, failures)
+  result["command"] = "python examples/tp_decode/main.py " + " ".join(sys.argv[1:])
+  result["elapsed_s"] = time.perf_counter() - t0
+  print_summary(result)
+  if JSON_F.value:
+    path = JSON_F.value
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  else:
+    os.makedirs(OUT.value, exist_ok=True)
+    tag = TAG.value or ("-" + "+".join(s.presets) + ("-sweep" if len(s.batches) > 1 else "")
+                        + ("-python" if s.loop == "python" else ""))
+    name, n = report.stem("app", tag), 1
+    stem = name
+    while any(os.path.exists(os.path.join(OUT.value, stem + e)) for e in (".json", ".png")):
+      n += 1  # result files are a record: never overwritten
+      stem = f"{name}-{n}"
+    path = os.path.join(OUT.value, stem + ".json")
+  with open(path, "w") as f:
+    json.dump(result, f, indent=1)
+  saved = [path]
+  if PLOT.value:
+    try:
+      png = os.path.splitext(path)[0] + ".png"
+      plot(result, png)
+      saved.append(png)
+    except ImportError:
+      print("matplotlib is not installed: no plot (pip install 'jax_llar[bench]')",
+            file=sys.stderr)
+  print(f"saved {', '.join(saved)} ({result['elapsed_s']:.0f} s in all)")
+  return 0 if result["tokens_agree"] else 1
 
 
 if __name__ == "__main__":

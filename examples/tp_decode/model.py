@@ -1,21 +1,75 @@
-"""A Llama-3-style decoder stack, tensor parallel over a mesh axis "tp".
+"""A Llama-3 decoder, tensor parallel over a mesh axis "tp", for decoding.
 
 RMSNorm, rotary embeddings, grouped-query attention with a KV cache and a
-SwiGLU MLP, in bfloat16 with random weights. The Megatron layout splits the
-attention heads and the MLP columns over "tp": one all-reduce follows the
-attention output projection and one the MLP down projection; the LM head is
-split over the vocabulary and the greedy argmax is combined with one more
-all-reduce, so a step holds 2 x layers + 1 all-reduces, each through the
-given psum function. Decoding runs in one jitted lax.scan.
+SwiGLU MLP, in bfloat16 with random weights (latency does not depend on the
+values of the weights). The Megatron layout splits the attention heads and
+the MLP columns over "tp": one all-reduce follows the attention output
+projection and one the MLP down projection; the LM head is split over the
+vocabulary and the greedy argmax is combined with one more all-reduce, so a
+decode step holds 2 x layers + 1 all-reduces, each through the given psum
+function.
 
-Presets: llama3-8b-4l (Llama-3-8B widths: d_model 4096, 32 query heads, 8 KV
-heads, head dim 128, MLP 14336, vocabulary 128256; 4 layers) and small
-(d_model 512, 4 layers, for CPU runs).
+The layout is the one a serving engine uses for batch-1 decoding:
+
+- Every weight is stored as (output features, input features) per device,
+  the contracting dimension minor, so that a matrix-vector product reads
+  each row contiguously. For matrix-vector products with few rows XLA
+  rewrites the dot into a multiply and a reduction; with the contracting
+  dimension minor that is one row-reduction kernel that reads the weight
+  once, while with the contracting dimension major XLA materialises the
+  weight-sized product before reducing it (seen in the optimised HLO of a
+  GPU compile of these shapes).
+- Q, K and V are one fused matrix per device ([q heads; k heads; v heads] of
+  that device), and so are the MLP's gate and up projections ([gate; up]).
+- RMSNorm's gain is folded into the projection that follows it (the weights
+  stand for W diag(g)), and its per-token factor rsqrt(mean(x^2) + eps)
+  scales the projection's output, where XLA fuses it into the kernel that
+  consumes that output: the normalised activation is never written out.
+- Attention stacks a KV head's query group (and, in the prefill, the
+  positions) into the rows of one matrix, so that scores, masked softmax and
+  the weighted sum are two batched matrix products around one softmax.
+- Layers are unrolled over separate per-layer arrays. A `lax.scan` over
+  stacked weights slices each layer's weights out of the stack with a
+  dynamic slice, which XLA's GPU compiler materialises as a weight-sized
+  copy every layer and token, and a loop over layers adds a loop trip per
+  layer. hlo_check.py looks for such copies in the compiled program. The KV cache is one (batch, KV heads, length, head
+  dim) array per layer and for K and V, updated in place
+  (`lax.dynamic_update_slice` on a donated buffer); the attention contracts
+  over the minor head dimension with batch and KV heads leading, which is
+  the layout XLA's batched matrix multiplication takes without a transpose.
+- The embedding is replicated (one row is read per token); the LM head is
+  its own (vocabulary, d_model) array split over the vocabulary. With tied
+  embeddings (Llama-3.2-1B) the LM head holds the embedding's values, stored
+  twice so that neither use slices the other.
+
+Presets: llama3-8b (Llama-3-8B: 32 layers, d_model 4096, 32 query heads, 8
+KV heads, head dim 128, MLP 14336, vocabulary 128256), llama3.2-1b (16
+layers, d_model 2048, 32/8 heads, head dim 64, MLP 8192, vocabulary 128256,
+tied embeddings), llama3-8b-4l (the 8B widths with 4 layers) and small
+(d_model 512, 4 layers, for CPU runs). Llama-3.2's RoPE frequency scaling is
+not modelled (it changes values, not the work).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+PsumFn = Callable[[jax.Array, str], jax.Array]
+
+
+class _Leaf(NamedTuple):
+  """One weight: global shape, layout, standard deviation of its values."""
+  shape: tuple[int, ...]
+  spec: P
+  std: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,8 +79,9 @@ class Config:
   Attributes:
     d_model: residual width. n_heads / n_kv_heads: query and key-value heads
       (grouped-query attention). head_dim: width of one head. d_ff: MLP
-      width. vocab: vocabulary size. n_layers: decoder layers. rope_theta:
-      base of the rotary frequencies. norm_eps: RMSNorm epsilon.
+      width. vocab: vocabulary size. n_layers: decoder layers.
+    tied_embeddings: the LM head holds the embedding's values.
+    rope_theta: base of the rotary frequencies. norm_eps: RMSNorm epsilon.
   """
   d_model: int
   n_heads: int
@@ -35,160 +90,242 @@ class Config:
   d_ff: int
   vocab: int
   n_layers: int
+  tied_embeddings: bool = False
   rope_theta: float = 500_000.0
   norm_eps: float = 1e-5
 
+  def n_params(self) -> int:
+    """Parameters of the model (the LM head counted once when tied)."""
+    d, hd = self.d_model, self.head_dim
+    layer = (d * (self.n_heads + 2 * self.n_kv_heads) * hd + self.n_heads * hd * d
+             + 3 * d * self.d_ff + 2 * d)
+    head = 0 if self.tied_embeddings else self.vocab * d
+    return self.n_layers * layer + self.vocab * d + head + d
+
 
 PRESETS = {
+    "llama3-8b": Config(4096, 32, 8, 128, 14336, 128256, 32),
+    "llama3.2-1b": Config(2048, 32, 8, 64, 8192, 128256, 16, tied_embeddings=True),
     "llama3-8b-4l": Config(4096, 32, 8, 128, 14336, 128256, 4),
     "small": Config(512, 8, 4, 64, 1536, 8192, 4),
 }
 
+DTYPE = jnp.bfloat16
+CACHE_SPEC = P(None, "tp", None, None)  # (batch, KV heads, length, head dim)
 
-def build(cfg: Config, mesh, psum_fn, batch: int, max_len: int):
-  """The model's jitted functions on `mesh` (axis "tp"), all-reduces through
-  ``psum_fn(x, "tp")`` (lax.psum or jax_llar.psum).
 
-  Returns:
-    (init_params, init_cache, decode):
-      init_params(key) -> dict of bfloat16 weights, sharded per layout;
-      init_cache() -> (k, v), each (layers, batch, max_len, KV heads,
-        head_dim) bfloat16, sharded over KV heads;
-      decode(params, first_tok, k, v, n_tokens) -> (tokens, k, v): greedy
-        decoding of n_tokens (static) tokens from first_tok (batch,) int32;
-        tokens is (n_tokens, batch) int32; k and v are donated.
+def _mm(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
+  """x (M, K) times w (N, K) stored contracting-minor: (M, N)."""
+  return lax.dot_general(x, w, (((1,), (1,)), ((), ())),
+                         preferred_element_type=out_dtype)
+
+
+class Model:
+  """The decoder of one `Config` on `mesh` (axis "tp") for `batch`
+  sequences of at most `max_len` positions.
+
+  Attributes:
+    cfg, mesh, batch, max_len, tp: as given (tp: the mesh's "tp" size).
+    param_specs: pytree of PartitionSpec, the layout of `init_params`.
 
   Raises:
     ValueError: when the tensor-parallel size does not divide the heads, KV
       heads, MLP width and vocabulary.
   """
-  import jax
-  import jax.numpy as jnp
-  from jax import lax
-  from jax.sharding import NamedSharding, PartitionSpec as P
 
-  tp = mesh.shape["tp"]
-  if cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.d_ff % tp or cfg.vocab % tp:
-    raise ValueError(f"tensor-parallel size {tp} must divide heads, KV heads, "
-                     "MLP width and vocabulary")
-  dt = jnp.bfloat16
-  L, D, H, KV, hd, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads,
-                           cfg.head_dim, cfg.d_ff, cfg.vocab)
-  # One array per layer and weight (no stacked weights: slicing a stacked
-  # array inside the decode step can copy the slice every token).
-  per_layer = {
-      "attn_norm": ((D,), P()),
-      "wq": ((D, H * hd), P(None, "tp")),
-      "wk": ((D, KV * hd), P(None, "tp")),
-      "wv": ((D, KV * hd), P(None, "tp")),
-      "wo": ((H * hd, D), P("tp", None)),
-      "mlp_norm": ((D,), P()),
-      "w_gate": ((D, F), P(None, "tp")),
-      "w_up": ((D, F), P(None, "tp")),
-      "w_down": ((F, D), P("tp", None)),
-  }
-  shapes = {"embed": ((V, D), P()), "final_norm": ((D,), P()),
-            "lm_head": ((D, V), P(None, "tp"))}
-  for i in range(L):
-    for k, v in per_layer.items():
-      shapes[f"{k}.{i}"] = v
-  specs = {k: s for k, (_, s) in shapes.items()}
+  def __init__(self, cfg: Config, mesh: Mesh, batch: int, max_len: int):
+    self.cfg, self.mesh, self.batch, self.max_len = cfg, mesh, batch, max_len
+    self.tp = tp = mesh.shape["tp"]
+    if cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.d_ff % tp or cfg.vocab % tp:
+      raise ValueError(f"tensor-parallel size {tp} must divide the heads "
+                       f"({cfg.n_heads}), KV heads ({cfg.n_kv_heads}), MLP width "
+                       f"({cfg.d_ff}) and vocabulary ({cfg.vocab})")
+    self.h_loc, self.kv_loc, self.f_loc = (cfg.n_heads // tp, cfg.n_kv_heads // tp,
+                                           cfg.d_ff // tp)
+    self.param_specs = self._map(lambda leaf: leaf.spec)
 
-  def init_params(key):
-    keys = jax.random.split(key, len(shapes))
-    out = {}
-    for k, (name, (shape, _)) in zip(keys, shapes.items()):
-      if "norm" in name:
-        out[name] = jnp.ones(shape, dt)
-      else:
-        fan_in = shape[-2] if len(shape) >= 2 else 1
-        std = 1.0 if name == "embed" else fan_in ** -0.5
-        out[name] = (jax.random.normal(k, shape, jnp.float32) * std).astype(dt)
-    return out
+  # -- parameters ---------------------------------------------------------
+  def _map(self, fn):
+    """The parameter pytree with fn(_Leaf) at each leaf."""
+    return jax.tree_util.tree_map(fn, self._tree(), is_leaf=lambda x: isinstance(x, _Leaf))
 
-  param_shardings = {k: NamedSharding(mesh, s) for k, s in specs.items()}
-  init_params = jax.jit(init_params, out_shardings=param_shardings)
-  cache_spec = P(None, None, None, "tp", None)  # (L, B, S, KV, hd)
-  cache_shape = (L, batch, max_len, KV, hd)
+  def _tree(self):
+    """The parameter pytree of `_Leaf`."""
+    leaf = _Leaf
+    c, tp = self.cfg, self.tp
+    d, hd = c.d_model, c.head_dim
+    nqkv = (self.h_loc + 2 * self.kv_loc) * hd  # rows of one device's fused QKV
+    layers = [{
+        "wqkv": leaf((tp * nqkv, d), P("tp", None), d ** -0.5),
+        "wo": leaf((d, c.n_heads * hd), P(None, "tp"), (c.n_heads * hd) ** -0.5),
+        "wgu": leaf((2 * c.d_ff, d), P("tp", None), d ** -0.5),
+        "wdown": leaf((d, c.d_ff), P(None, "tp"), c.d_ff ** -0.5),
+    } for _ in range(c.n_layers)]
+    return {"embed": leaf((c.vocab, d), P(), 1.0),
+            "lm_head": leaf((c.vocab, d), P("tp", None), d ** -0.5),
+            "layers": layers}
 
-  def init_cache():
-    z = jnp.zeros(cache_shape, dt)
-    return z, z
-  init_cache = jax.jit(init_cache, out_shardings=(NamedSharding(mesh, cache_spec),) * 2)
+  def init_params(self, seed: int) -> dict:
+    """Random bfloat16 weights (standard normal scaled by fan-in ** -0.5),
+    sharded per `param_specs`; with tied embeddings the LM
+    head holds the embedding's values. One jitted generator per distinct
+    shape, one call per array."""
+    mesh = self.mesh
+    keys = iter(jax.random.split(jax.random.key(seed), 8 * self.cfg.n_layers + 8))
 
-  def rms(x, w):
+    @functools.lru_cache(maxsize=None)
+    def gen(shape, spec, std):
+      out = NamedSharding(mesh, spec)
+      return jax.jit(lambda k: (jax.random.normal(k, shape, jnp.float32) * std).astype(DTYPE),
+                     out_shardings=out)
+
+    params = self._map(lambda leaf: gen(*leaf)(next(keys)))
+    if self.cfg.tied_embeddings:
+      params["lm_head"] = jax.jit(lambda e: e, out_shardings=NamedSharding(
+          mesh, P("tp", None)))(params["embed"])
+    return params
+
+  def weight_bytes_per_device(self) -> int:
+    """Bytes of weights one device reads per decode step: its shards of every
+    layer, its LM head shard and `batch` embedding rows."""
+    tree = self._tree()
+    tree["embed"] = _Leaf((self.batch, self.cfg.d_model), P(), 1.0)
+    return sum(int(np.prod(leaf.shape)) * 2 // (self.tp if "tp" in leaf.spec else 1)
+               for leaf in jax.tree_util.tree_leaves(
+                   tree, is_leaf=lambda x: isinstance(x, _Leaf)))
+
+  # -- KV cache -------------------------------------------------------------
+  def cache_shape(self) -> tuple[int, ...]:
+    """Global shape of one layer's K (or V) cache."""
+    return (self.batch, self.cfg.n_kv_heads, self.max_len, self.cfg.head_dim)
+
+  def kv_bytes_per_device(self) -> int:
+    """Bytes of KV cache one device reads per decode step (all positions
+    up to max_len of every layer's K and V: the attention reads the whole
+    cache and masks the positions not yet written)."""
+    return 2 * self.cfg.n_layers * int(np.prod(self.cache_shape())) * 2 // self.tp
+
+  def init_cache(self) -> list:
+    """Zeroed cache: per layer a pair (k, v), each `cache_shape()` bfloat16
+    sharded over KV heads."""
+    z = jax.jit(lambda: jnp.zeros(self.cache_shape(), DTYPE),
+                out_shardings=NamedSharding(self.mesh, CACHE_SPEC))
+    return [(z(), z()) for _ in range(self.cfg.n_layers)]
+
+  def cache_specs(self) -> list:
+    """The cache's layout, per layer (CACHE_SPEC, CACHE_SPEC)."""
+    return [(CACHE_SPEC, CACHE_SPEC)] * self.cfg.n_layers
+
+  # -- the model, per device (inside shard_map) ----------------------------
+  def _rms_scale(self, x):
+    """RMSNorm's per-row factor of x (M, D): (M, 1) float32."""
     x32 = x.astype(jnp.float32)
-    y = x32 * lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + cfg.norm_eps)
-    return (y * w.astype(jnp.float32)).astype(dt)
+    return lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + self.cfg.norm_eps)
 
-  def rope(x, pos):  # x: (B, heads, hd)
+  def _rope(self, x, positions):  # x: (B, T, heads, hd); positions: (T,)
+    hd = self.cfg.head_dim
     half = hd // 2
-    freq = cfg.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
-    ang = pos.astype(jnp.float32) * freq
-    cos, sin = jnp.cos(ang), jnp.sin(ang)
+    freq = self.cfg.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    ang = positions.astype(jnp.float32)[:, None] * freq  # (T, half)
+    cos, sin = jnp.cos(ang)[None, :, None], jnp.sin(ang)[None, :, None]
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(dt)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
-  def layer(x, lp, kc, vc, pos):
-    h_loc, kv_loc = H // tp, KV // tp
-    h = rms(x, lp["attn_norm"])
-    q = (h @ lp["wq"]).reshape(batch, h_loc, hd)
-    k = (h @ lp["wk"]).reshape(batch, kv_loc, hd)
-    v = (h @ lp["wv"]).reshape(batch, kv_loc, hd)
-    q, k = rope(q, pos), rope(k, pos)
-    kc = lax.dynamic_update_slice(kc, k[:, None], (0, pos, 0, 0))
-    vc = lax.dynamic_update_slice(vc, v[:, None], (0, pos, 0, 0))
-    qg = q.reshape(batch, kv_loc, h_loc // kv_loc, hd)
-    s = jnp.einsum("bkgd,bskd->bkgs", qg, kc, preferred_element_type=jnp.float32)
+  def _layer(self, lp, x, kc, vc, pos, psum_fn: PsumFn):
+    """One decoder layer on x (B, T, D) at positions pos .. pos + T - 1; the
+    new keys and values are written into kc / vc (B, KV/tp, S, hd)."""
+    c = self.cfg
+    b, t, d = x.shape
+    hd, hl, kl = c.head_dim, self.h_loc, self.kv_loc
+    g = hl // kl
+    xf = x.reshape(b * t, d)
+    qkv = _mm(xf, lp["wqkv"]) * self._rms_scale(xf)
+    q = qkv[:, :hl * hd].reshape(b, t, hl, hd)
+    k = qkv[:, hl * hd:(hl + kl) * hd].reshape(b, t, kl, hd)
+    v = qkv[:, (hl + kl) * hd:].reshape(b, t, kl, hd)
+    positions = pos + jnp.arange(t, dtype=jnp.int32)
+    q, k = self._rope(q, positions).astype(DTYPE), self._rope(k, positions)
+    kc = lax.dynamic_update_slice(kc, k.astype(DTYPE).transpose(0, 2, 1, 3), (0, 0, pos, 0))
+    vc = lax.dynamic_update_slice(vc, v.astype(DTYPE).transpose(0, 2, 1, 3), (0, 0, pos, 0))
+    # Rows (t, g) of each KV head's query group: (B, KV, T * G, hd).
+    qg = q.reshape(b, t, kl, g, hd).transpose(0, 2, 1, 3, 4).reshape(b, kl, t * g, hd)
+    s = jnp.einsum("bkrd,bksd->bkrs", qg, kc, preferred_element_type=jnp.float32)
     s = s * (hd ** -0.5)
-    s = jnp.where(jnp.arange(max_len) <= pos, s, -jnp.inf)
-    p = jax.nn.softmax(s, -1).astype(dt)
-    o = jnp.einsum("bkgs,bskd->bkgd", p, vc).reshape(batch, h_loc * hd)
-    x = x + psum_fn(o @ lp["wo"], "tp")
-    h = rms(x, lp["mlp_norm"])
-    m = jax.nn.silu(h @ lp["w_gate"]) * (h @ lp["w_up"])
-    x = x + psum_fn(m @ lp["w_down"], "tp")
+    mask = jnp.arange(self.max_len)[None, :] <= jnp.repeat(positions, g)[:, None]
+    p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), -1).astype(DTYPE)
+    o = jnp.einsum("bkrs,bksd->bkrd", p, vc)  # (B, KV, T * G, hd)
+    o = o.reshape(b, kl, t, g, hd).transpose(0, 2, 1, 3, 4).reshape(b * t, hl * hd)
+    x = x + psum_fn(_mm(o, lp["wo"]).reshape(b, t, d), "tp")
+    xf = x.reshape(b * t, d)
+    gu = _mm(xf, lp["wgu"]).astype(jnp.float32) * self._rms_scale(xf)
+    m = (jax.nn.silu(gu[:, :self.f_loc]) * gu[:, self.f_loc:]).astype(DTYPE)
+    x = x + psum_fn(_mm(m, lp["wdown"]).reshape(b, t, d), "tp")
     return x, kc, vc
 
-  layer_keys = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
-
-  def step(params, tok, kcache, vcache, pos):
-    # Layers are unrolled; each layer updates its own cache slice in place.
-    x = params["embed"][tok]  # (B, D)
-    for i in range(L):
-      lp = {k: params[f"{k}.{i}"] for k in layer_keys}
-      x, kc, vc = layer(x, lp, kcache[i], vcache[i], pos)
-      kcache = kcache.at[i].set(kc)
-      vcache = vcache.at[i].set(vc)
-    logits = rms(x, params["final_norm"]) @ params["lm_head"]  # (B, V/tp)
-    logits = logits.astype(jnp.float32)
-    # Greedy argmax over the vocabulary split across ranks: every rank puts
-    # its (max, global index) in its own slot; one all-reduce shares them.
+  def _forward(self, params, tokens, cache, pos, psum_fn: PsumFn):
+    """tokens (B, T) at positions pos ..: the greedy next token (B,) int32
+    after the last position, and the updated cache."""
+    x = params["embed"][tokens]  # (B, T, D)
+    new_cache = []
+    for lp, (kc, vc) in zip(params["layers"], cache):  # unrolled
+      x, kc, vc = self._layer(lp, x, kc, vc, pos, psum_fn)
+      new_cache.append((kc, vc))
+    xl = x[:, -1]
+    logits = _mm(xl, params["lm_head"], jnp.float32) * self._rms_scale(xl)  # (B, V/tp)
+    # Greedy argmax over the vocabulary split across devices: every device
+    # puts its (max, global index) in its own slot; one all-reduce shares
+    # them. Ties go to the lowest device, as argmax over the whole row.
+    tp, v_loc = self.tp, self.cfg.vocab // self.tp
     r = lax.axis_index("tp")
-    local_max = jnp.max(logits, -1)
-    local_idx = jnp.argmax(logits, -1) + r * (V // tp)
-    slots = jnp.zeros((batch, tp, 2), jnp.float32).at[:, r].set(
-        jnp.stack([local_max, local_idx.astype(jnp.float32)], -1))
+    local = jnp.stack([jnp.max(logits, -1),
+                       (jnp.argmax(logits, -1) + r * v_loc).astype(jnp.float32)], -1)
+    slots = jnp.zeros((self.batch, tp, 2), jnp.float32).at[:, r].set(local)
     slots = psum_fn(slots, "tp")
-    best = jnp.argmax(slots[..., 0], -1)  # ties: lowest rank, as argmax over the whole row
+    best = jnp.argmax(slots[..., 0], -1)
     tok = jnp.take_along_axis(slots[..., 1], best[:, None], -1)[:, 0].astype(jnp.int32)
-    return tok, kcache, vcache
+    return tok, new_cache
 
-  def decode(params, first_tok, kcache, vcache, n_tokens):
-    def body(carry, pos):
-      tok, kc, vc = carry
-      tok, kc, vc = step(params, tok, kc, vc, pos)
-      return (tok, kc, vc), tok
-    (_, kcache, vcache), toks = lax.scan(body, (first_tok, kcache, vcache),
-                                         jnp.arange(n_tokens))
-    return toks, kcache, vcache
+  def _sharded(self, fn, in_specs, out_specs):
+    return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
+                         check_vma=False)
 
-  def decode_sharded(params, first_tok, kcache, vcache, n_tokens):
-    f = jax.shard_map(
-        lambda p, t, k, v: decode(p, t, k, v, n_tokens), mesh=mesh,
-        in_specs=(specs, P(), cache_spec, cache_spec),
-        out_specs=(P(), cache_spec, cache_spec), check_vma=False)
-    return f(params, first_tok, kcache, vcache)
+  # -- jitted programs ------------------------------------------------------
+  def prefill(self, psum_fn: PsumFn = lax.psum):
+    """Jitted ``prefill(params, prompt, cache) -> (tok, cache)``: the prompt
+    (B, T) int32 in one forward pass from position 0, filling the cache
+    (donated); tok (B,) int32 is the greedy token after the prompt."""
+    def f(params, prompt, cache):
+      return self._forward(params, prompt, cache, jnp.int32(0), psum_fn)
+    g = self._sharded(f, (self.param_specs, P(), self.cache_specs()),
+                      (P(), self.cache_specs()))
+    return jax.jit(g, donate_argnums=(2,))
 
-  decode_jit = jax.jit(decode_sharded, static_argnums=(4,), donate_argnums=(2, 3))
-  return init_params, init_cache, decode_jit
+  def decode_step(self, psum_fn: PsumFn):
+    """Jitted ``step(params, tok, cache, pos) -> (tok, cache)``: one token
+    (B,) int32 at position pos (int32 scalar); the cache is donated."""
+    def f(params, tok, cache, pos):
+      return self._forward(params, tok[:, None], cache, pos, psum_fn)
+    g = self._sharded(f, (self.param_specs, P(), self.cache_specs(), P()),
+                      (P(), self.cache_specs()))
+    return jax.jit(g, donate_argnums=(2,))
+
+  def decode_scan(self, psum_fn: PsumFn, n_tokens: int):
+    """Jitted ``decode(params, tok, cache, pos) -> (toks, tok, cache)``:
+    greedy decoding of n_tokens tokens in one `lax.scan` from tok (B,) int32
+    at position pos; toks is (n_tokens, B) int32, tok its last row (the next
+    input); the cache is donated."""
+    def f(params, tok, cache, pos):
+      def body(carry, _):
+        tok, cache, pos = carry
+        tok, cache = self._forward(params, tok[:, None], cache, pos, psum_fn)
+        return (tok, cache, pos + 1), tok
+      (tok, cache, _), toks = lax.scan(body, (tok, cache, pos), None, length=n_tokens)
+      return toks, tok, cache
+    g = self._sharded(f, (self.param_specs, P(), self.cache_specs(), P()),
+                      (P(), P(), self.cache_specs()))
+    return jax.jit(g, donate_argnums=(2,))
+
+
+def build(cfg: Config, mesh: Mesh, batch: int, max_len: int) -> Model:
+  """The `Model` of `cfg` on `mesh` (see `Model`)."""
+  return Model(cfg, mesh, batch, max_len)
