@@ -479,6 +479,9 @@ def run_psum_flag_baselines(s: Settings) -> tuple[list[dict], list[dict]]:
   for flag in s.psum_flags:
     env = dict(os.environ)
     env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), flag) if f)
+    # The parent still holds its own (preallocated) device memory: the child
+    # allocates on demand, or it runs out of memory at start.
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     with tempfile.TemporaryDirectory(prefix="llar_flag_") as out:
       try:
         proc = subprocess.run(child_command(s, out), env=env, capture_output=True,

@@ -457,6 +457,9 @@ def run_flag_sets(s: Settings) -> tuple[list[dict], list[dict]]:
       continue
     env = dict(os.environ)
     env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), flags_of[name]) if f)
+    # The parent still holds its own (preallocated) device memory: the child
+    # allocates on demand, or it runs out of memory at start.
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     print(f"flag set {name}: XLA_FLAGS={env['XLA_FLAGS']}", flush=True)
     with tempfile.TemporaryDirectory(prefix="llar_loop_flags_") as out:
       try:
