@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 
 import jax
 import ml_dtypes
@@ -150,3 +151,14 @@ def outcome(fn):
     return "ok", fn()
   except Exception as e:  # pylint: disable=broad-except
     return "raise", e
+
+
+def user_env() -> dict:
+  """This process's environment without the test suite's forced devices: what
+  a user's shell would pass to a tool run as a subprocess."""
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  flags = [f for f in env.get("XLA_FLAGS", "").split()
+           if "xla_force_host_platform_device_count" not in f]
+  env["XLA_FLAGS"] = " ".join(flags)
+  return env

@@ -14,7 +14,6 @@ and the result file's shape.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -22,7 +21,10 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 import pytest
+
+from cpu_helpers import user_env
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -204,21 +206,13 @@ def test_timing_scale_is_a_power_of_two_that_puts_bb_near_2_100():
   assert 2.0 ** 99 <= bb <= 2.0 ** 101
 
 
-def _user_env() -> dict:
-  """This process's environment without the test suite's forced devices."""
-  env = dict(os.environ)
-  env.pop("JAX_PLATFORMS", None)  # the example sets it itself without a GPU
-  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                              if "xla_force_host_platform_device_count" not in f)
-  return env
-
 
 def test_cg_solver_on_cpu(tmp_path):
   p = subprocess.run(
       [sys.executable, "examples/cg_solver/main.py", "--grids=4,6", "--iters=8,24",
        "--calls=4", "--rounds=2", "--structure=while,while_k", "--k=4",
        f"--out={tmp_path}"],
-      cwd=ROOT, env=_user_env(), capture_output=True, text=True, timeout=300)
+      cwd=ROOT, env=user_env(), capture_output=True, text=True, timeout=300)
   out = p.stdout + p.stderr
   assert p.returncode == 0, out[-3000:]
   assert "Traceback" not in out, out[-3000:]

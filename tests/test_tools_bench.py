@@ -5,32 +5,23 @@ reference it matched."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from cpu_helpers import user_env
 from jax_llar import testing
 from jax_llar.tools import jax_level
 
-
-def _user_env() -> dict:
-  """This process's environment without the test suite's forced devices."""
-  env = dict(os.environ)
-  env.pop("JAX_PLATFORMS", None)
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if "xla_force_host_platform_device_count" not in f]
-  env["XLA_FLAGS"] = " ".join(flags)
-  return env
 
 
 def test_cpu_jax_level_bench_exits_0_with_every_row_correct(tmp_path):
   cmd = [sys.executable, "-m", "jax_llar.tools.bench", "--level=jax",
          "--sizes=64,1024", "--dtypes=f32,bf16", "--k_short=2", "--k_long=10",
          "--calls=4", "--rounds=2", f"--out={tmp_path}"]
-  p = subprocess.run(cmd, env=_user_env(), capture_output=True, text=True, timeout=300)
+  p = subprocess.run(cmd, env=user_env(), capture_output=True, text=True, timeout=300)
   assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
   assert "Traceback" not in p.stderr, p.stderr[-3000:]
   files = list(tmp_path.glob("*-jax.json"))

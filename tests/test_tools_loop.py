@@ -6,32 +6,23 @@ set of --loop_flags is one the installed jaxlib accepts."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from cpu_helpers import user_env
 from jax_llar import testing
 from jax_llar.tools import jax_level, loop_level
 
-
-def _user_env() -> dict:
-  """This process's environment without the test suite's forced devices."""
-  env = dict(os.environ)
-  env.pop("JAX_PLATFORMS", None)
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if "xla_force_host_platform_device_count" not in f]
-  env["XLA_FLAGS"] = " ".join(flags)
-  return env
 
 
 def test_cpu_loop_level_bench_exits_0_with_every_row_correct(tmp_path):
   cmd = [sys.executable, "-m", "jax_llar.tools.bench", "--level=loop",
          "--sizes=256", "--dtypes=bf16,f32", "--k_short=8", "--k_long=16",
          "--calls=4", "--rounds=2", f"--out={tmp_path}"]
-  p = subprocess.run(cmd, env=_user_env(), capture_output=True, text=True, timeout=300)
+  p = subprocess.run(cmd, env=user_env(), capture_output=True, text=True, timeout=300)
   assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
   assert "Traceback" not in p.stderr, p.stderr[-3000:]
   files = list(tmp_path.glob("*-loop.json"))
@@ -112,11 +103,11 @@ def test_every_flag_set_is_accepted_by_jaxlib():
   flag or value: each set must start a CPU backend and run a computation."""
   program = "import jax, jax.numpy as jnp; print(float(jax.jit(lambda v: v * 2)(jnp.ones(()))))"
   for name, flags in loop_level.FLAG_SETS:
-    env = dict(_user_env(), JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
+    env = dict(user_env(), JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
     p = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "2.0", (name, p.stderr[-2000:])
-  env = dict(_user_env(), JAX_PLATFORMS="cpu",
+  env = dict(user_env(), JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_gpu_enable_command_buffer=+NOT_A_COMMAND")
   p = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
                      text=True, timeout=120)

@@ -41,6 +41,20 @@ class DeviceGuard {
   int prev_ = 0;
 };
 
+// Runs `calls` between ncclGroupStart and ncclGroupEnd. The group is closed
+// even when a call throws, so a failed set-up leaves no open NCCL group.
+template <typename F>
+void GroupedCalls(const char* what, F&& calls) {
+  CheckNccl(ncclGroupStart(), "ncclGroupStart");
+  try {
+    calls();
+  } catch (...) {
+    ncclGroupEnd();
+    throw;
+  }
+  CheckNccl(ncclGroupEnd(), what);
+}
+
 }  // namespace llar
 
 #endif  // LLAR_ERRORS_H_

@@ -49,19 +49,6 @@ std::array<std::array<std::atomic<const DeviceContext*>, kMaxOrdinals>,
            kMaxCommSets>
     g_table{};
 
-// Runs `calls` between ncclGroupStart and ncclGroupEnd; the group is closed
-// even when a call throws, so a failed creation leaves no open NCCL group.
-template <typename F>
-void GroupedCalls(const char* what, F&& calls) {
-  CheckNccl(ncclGroupStart(), "ncclGroupStart");
-  try {
-    calls();
-  } catch (...) {
-    ncclGroupEnd();
-    throw;
-  }
-  CheckNccl(ncclGroupEnd(), what);
-}
 
 void ValidateGroups(const std::vector<std::vector<int>>& groups) {
   if (groups.empty()) Fail("jax_llar: no replica groups given");

@@ -20,19 +20,6 @@ namespace {
 std::mutex g_mutex;  // guards g_tables and the creation of windows
 std::map<int64_t, std::vector<const PeerTable*>> g_tables;
 
-// Runs `calls` between ncclGroupStart and ncclGroupEnd, closing the group
-// even when a call throws.
-template <typename F>
-void GroupedCalls(const char* what, F&& calls) {
-  CheckNccl(ncclGroupStart(), "ncclGroupStart");
-  try {
-    calls();
-  } catch (...) {
-    ncclGroupEnd();
-    throw;
-  }
-  CheckNccl(ncclGroupEnd(), what);
-}
 
 std::vector<const PeerTable*> Create(int64_t comm_id) {
   const auto groups = MembersOf(comm_id);

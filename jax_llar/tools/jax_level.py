@@ -470,6 +470,35 @@ def child_command(s: Settings, out_dir: str) -> list[str]:
           f"--out={out_dir}", "--tag=-flag"]
 
 
+def run_flag_child(command, flags: str, timeout_s: float):
+  """Runs ``command(out_dir)`` (an argv list) in a child process with `flags`
+  appended to ``XLA_FLAGS`` (XLA reads its flags once, at backend start).
+
+  Returns:
+    (rc, output_tail, result, xla_flags): the exit status (or "timeout"),
+    the last 3000 characters of its output, the result file it wrote to
+    out_dir (a dict) or None, and the child's ``XLA_FLAGS``.
+  """
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), flags) if f)
+  # The parent still holds its own (preallocated) device memory: the child
+  # allocates on demand, or it runs out of memory at start.
+  env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  with tempfile.TemporaryDirectory(prefix="llar_flag_") as out:
+    try:
+      proc = subprocess.run(command(out), env=env, capture_output=True, text=True,
+                            timeout=timeout_s)
+      rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
+    except subprocess.TimeoutExpired as e:
+      rc, tail = "timeout", str(e)[-500:]
+    files = glob.glob(os.path.join(out, "*.json"))
+    result = None
+    if files:
+      with open(files[0]) as f:
+        result = json.load(f)
+  return rc, tail, result, env["XLA_FLAGS"]
+
+
 def run_psum_flag_baselines(s: Settings) -> tuple[list[dict], list[dict]]:
   """lax.psum with each of ``s.psum_flags`` appended to ``XLA_FLAGS``, each in
   a child process (`child_command`). Returns the rows (impl renamed to
@@ -477,28 +506,15 @@ def run_psum_flag_baselines(s: Settings) -> tuple[list[dict], list[dict]]:
   (flag, rc, output tail)."""
   rows, failures = [], []
   for flag in s.psum_flags:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), flag) if f)
-    # The parent still holds its own (preallocated) device memory: the child
-    # allocates on demand, or it runs out of memory at start.
-    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    with tempfile.TemporaryDirectory(prefix="llar_flag_") as out:
-      try:
-        proc = subprocess.run(child_command(s, out), env=env, capture_output=True,
-                              text=True, timeout=s.flag_timeout_s)
-        rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-1500:]
-      except subprocess.TimeoutExpired as e:
-        rc, tail = "timeout", str(e)[-500:]
-      files = glob.glob(os.path.join(out, "*.json"))
-      if rc != 0 or not files:
-        failures.append({"flag": flag, "rc": rc, "output_tail": tail})
-        print(f"lax.psum with {flag}: child failed (rc={rc})", flush=True)
-        continue
-      with open(files[0]) as f:
-        child = json.load(f)
+    rc, tail, child, xla_flags = run_flag_child(lambda out: child_command(s, out), flag,
+                                                s.flag_timeout_s)
+    if rc != 0 or child is None:
+      failures.append({"flag": flag, "rc": rc, "output_tail": tail[-1500:]})
+      print(f"lax.psum with {flag}: child failed (rc={rc})", flush=True)
+      continue
     for r in child["rows"]:
       r["impl"] = flag_impl(flag)
-      r["xla_flags"] = env["XLA_FLAGS"]
+      r["xla_flags"] = xla_flags
       rows.append(r)
       print(f"{r['impl']} {r['dtype']} {r['bytes_per_rank']} B "
             f"{r['us_per_call']:8.2f} us/step correct={r['correct']}", flush=True)

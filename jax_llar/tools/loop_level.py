@@ -55,13 +55,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import glob
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from typing import Callable, Sequence
 
@@ -455,33 +451,18 @@ def run_flag_sets(s: Settings) -> tuple[list[dict], list[dict]]:
   for name in s.flag_sets:
     if name == "default":
       continue
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), flags_of[name]) if f)
-    # The parent still holds its own (preallocated) device memory: the child
-    # allocates on demand, or it runs out of memory at start.
-    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    print(f"flag set {name}: XLA_FLAGS={env['XLA_FLAGS']}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="llar_loop_flags_") as out:
-      try:
-        proc = subprocess.run(child_command(s, out), env=env, capture_output=True,
-                              text=True, timeout=s.flag_timeout_s)
-        rc, tail = proc.returncode, (proc.stdout + proc.stderr)[-3000:]
-      except subprocess.TimeoutExpired as e:
-        rc, tail = "timeout", str(e)[-500:]
-      files = glob.glob(os.path.join(out, "*.json"))
-      child = None
-      if files:
-        with open(files[0]) as f:
-          child = json.load(f)
+    print(f"flag set {name}: XLA_FLAGS += {flags_of[name]}", flush=True)
+    rc, tail, child, xla_flags = jax_level.run_flag_child(
+        lambda out: child_command(s, out), flags_of[name], s.flag_timeout_s)
     # A child exits 1 when a row matched no reference; its rows still count.
     if child is None or rc not in (0, 1):
-      failures.append({"flag_set": name, "xla_flags": env["XLA_FLAGS"], "rc": rc,
+      failures.append({"flag_set": name, "xla_flags": xla_flags, "rc": rc,
                        "output_tail": tail})
       print(f"flag set {name}: child failed (rc={rc})\n{tail[-1500:]}", flush=True)
       continue
     for r in child["rows"]:
       r["flag_set"] = name
-      r["xla_flags"] = env["XLA_FLAGS"]
+      r["xla_flags"] = xla_flags
       rows.append(r)
       print(_row_line(r), flush=True)
   return rows, failures
