@@ -225,8 +225,8 @@ def explain(fun: Callable, *args, **kwargs) -> list[Finding]:
   factor times the body's psums) and, for a scan, it has more than one
   trip. A completely unrolled scan, or one whose trips do enough psums,
   counts as straight-line code. A psum in a while loop's predicate is
-  always reported: its loop has no trip count XLA can derive. The advice follows the README section "Getting the
-  speed in loops": on CUDA GPUs a trip of a rolled loop is run by XLA's
+  always reported: its loop has no trip count XLA can derive. The advice
+  follows the README section "Getting the speed in loops": on CUDA GPUs a trip of a rolled loop is run by XLA's
   runtime from the host (or, for a predicate XLA cannot count, waited for
   by the host), which costs more than a small one-shot all-reduce.
 

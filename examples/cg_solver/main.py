@@ -111,9 +111,7 @@ CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 2,
                                    lower_bound=1)
 OUT = flags.DEFINE_string(
     "out", report.default_out_dir(),
-    "Folder for the result files (default: jax_llar_results in the temporary "
-    "folder, TMPDIR). Pass --out=benchmarks/results to add a run to the "
-    "repository's results.")
+    report.OUT_HELP)
 TAG = flags.DEFINE_string("tag", "", "Suffix of the result file names in --out.")
 JSON = flags.DEFINE_string("json", None, "Write the result to this file instead (the "
                            "plot beside it, .png), overwriting it.")

@@ -105,9 +105,7 @@ FLAG_TIMEOUT = flags.DEFINE_integer("flag_timeout", 600,
                                     "subprocess.", lower_bound=1)
 OUT = flags.DEFINE_string(
     "out", report.default_out_dir(),
-    "Folder for the result files (default: jax_llar_results in the temporary "
-    "folder, TMPDIR). Pass --out=benchmarks/results to add a run to the "
-    "repository's results.")
+    report.OUT_HELP)
 TAG = flags.DEFINE_string("tag", "", "Suffix of the result file names.")
 
 flags.register_validator(

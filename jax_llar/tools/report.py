@@ -26,6 +26,12 @@ JAX_TABLE_LEAD = ("lax.psum", "ffi.copy", "llar.one_shot_ll")
 LLAR, COPY, PSUM = "llar.one_shot_ll", "ffi.copy", "lax.psum"
 
 
+# Help text of every tool's --out flag (its default is default_out_dir()).
+OUT_HELP = ("Folder for the result files (default: jax_llar_results in the temporary "
+            "folder, TMPDIR). Pass --out=benchmarks/results to add a run to the "
+            "repository's results.")
+
+
 def default_out_dir() -> str:
   """Scratch folder for results: ``$TMPDIR/jax_llar_results`` (the system's
   temporary folder when TMPDIR is unset). Tracked results are written only

@@ -42,9 +42,7 @@ KERNEL_JSON = flags.DEFINE_string(
     "its smallest llar.one_shot_ll row is compared.")
 OUT = flags.DEFINE_string(
     "out", report.default_out_dir(),
-    "Folder for the result file (default: jax_llar_results in the temporary "
-    "folder, TMPDIR). Pass --out=benchmarks/results to add a run to the "
-    "repository's results.")
+    report.OUT_HELP)
 flags.mark_flags_as_mutual_exclusive(["kernel_us", "kernel_json"])
 
 
