@@ -7,6 +7,8 @@ programs lowered afterwards; compiled programs keep what they were built with.
 Environment variables:
   JAX_LLAR_DISABLE=1        never use the fast path (every psum is lax.psum);
                             1/true/yes/on or 0/false/no/off.
+  JAX_LLAR_SWAP=1           at import, swap every psum of the process for
+                            jax_llar's dispatch (``jax_llar.install()``).
   JAX_LLAR_TIMEOUT_MS=N     bound on every device-side wait, milliseconds
                             (default 30000). A wait that runs out fails the
                             call with a report of rank, slot and epoch, and
@@ -36,7 +38,12 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
 
-def _env_bool(name: str) -> bool:
+def env_bool(name: str) -> bool:
+  """The boolean environment variable `name` (unset: False).
+
+  Raises:
+    ValueError: a value other than 1/true/yes/on, 0/false/no/off or empty.
+  """
   raw = os.environ.get(name, "").strip().lower()
   if raw in _TRUE:
     return True
@@ -88,7 +95,7 @@ class Settings:
 def _from_env() -> Settings:
   try:
     return Settings(
-        disabled=_env_bool("JAX_LLAR_DISABLE"),
+        disabled=env_bool("JAX_LLAR_DISABLE"),
         timeout_ms=_env_int("JAX_LLAR_TIMEOUT_MS", 30_000),
         max_bytes=min(_env_int("JAX_LLAR_MAX_BYTES", MAX_BYTES_CAP),
                       MAX_BYTES_CAP),

@@ -17,11 +17,12 @@ from typing import Any, Callable, Iterator
 
 import jax
 
-# Primitives that all-reduce a sum: JAX's psum (and its invariant and
-# asynchronous forms), and jax_llar's.
+from jax_llar import swap
+
+# Primitives that all-reduce a sum: JAX's psum and its invariant and
+# asynchronous forms (jax_llar.psum binds JAX's).
 PSUM_PRIMITIVES = frozenset({
     "psum", "psum2", "psum_invariant", "psum_invariant_start", "unreduced_psum",
-    "llar_psum",
 })
 
 # A loop whose trip executes at least this many psums (a scan unrolled this
@@ -41,7 +42,7 @@ class Finding:
 
   Attributes:
     primitive: the psum's primitive name (``psum``, ``psum_invariant``,
-      ``llar_psum``, ...).
+      ...).
     loop: the innermost rolled loop holding it: ``"scan"`` (also
       ``fori_loop`` with static bounds) or ``"while"`` (also ``fori_loop``
       with traced bounds).
@@ -57,6 +58,9 @@ class Finding:
     depth: rolled loops around the psum (1: not nested).
     where: the psum's source line as JAX recorded it ("" when unknown).
     advice: what to do, pointing to the README section.
+    requested: who asked for jax_llar's fast path for this psum
+      (``"psum"``, ``"swap"``, ``"install"``; ``jax_llar.swap.requested``),
+      or None: the psum is JAX's.
   """
   primitive: str
   loop: str
@@ -68,13 +72,15 @@ class Finding:
   depth: int
   where: str
   advice: str
+  requested: str | None = None
 
   def __str__(self) -> str:
     trips = (f"{self.trip_count} trips" if self.trip_count is not None
              else "trip count not in the jaxpr")
     place = "predicate" if self.in_predicate else "body"
     at = f" at {self.where}" if self.where else ""
-    return (f"{self.primitive}{at}: in the {place} of a rolled {self.loop} "
+    via = f"jax_llar ({self.requested})" if self.requested else "JAX's lowering"
+    return (f"{self.primitive} [{via}]{at}: in the {place} of a rolled {self.loop} "
             f"({trips}, unroll {self.unroll}, {self.psums_per_trip} psum(s) per trip, "
             f"{self.body_equations} equations in the body, {self.depth} rolled "
             f"loop(s) deep). {self.advice}")
@@ -180,7 +186,8 @@ def _walk(jaxpr, loops: tuple[_Loop, ...], in_predicate: bool,
         loop = loops[-1]
         out.append(Finding(name, loop.kind, loop.trip_count, loop.unroll,
                            loop.body_equations, loop.psums_per_trip, in_predicate,
-                           len(loops), _where(eqn), _advice(loop, in_predicate)))
+                           len(loops), _where(eqn), _advice(loop, in_predicate),
+                           swap.requested(eqn.ctx)))
       continue
     if name == "scan":
       body = next(_sub_jaxprs(eqn.params["jaxpr"]))
@@ -249,7 +256,7 @@ def explain(fun: Callable, *args, **kwargs) -> list[Finding]:
     >>> f = jax.jit(jax.shard_map(lambda v: lax.fori_loop(0, 64, step, v),
     ...                           mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     >>> [str(x) for x in jax_llar.explain(f, jnp.ones(8))]  # doctest: +SKIP
-    ['llar_psum at ...: in the body of a rolled scan (64 trips, unroll 1, ...']
+    ['psum_invariant [jax_llar (psum)] at ...: in the body of a rolled scan (64 trips, unroll 1, ...']
   """
   closed = jax.make_jaxpr(fun)(*args, **kwargs)
   findings: list[Finding] = []

@@ -36,9 +36,9 @@ class Decision:
       reasons (``jax_llar.policy``): ``"dtype"``, ``"empty"``, ``"mesh"``,
       ``"world_size"``, ``"size"``; environment reasons
       (``jax_llar.lowering``, checked after them): ``"disabled"``,
-      ``"xla_flags"``, ``"platform"``, ``"multiprocess"``, ``"extension"``,
-      ``"communicator"``; trace-time reasons (``jax_llar.psum``):
-      ``"axis_index_groups"``, ``"positional_axes"``.
+      ``"export"``, ``"xla_flags"``, ``"platform"``, ``"multiprocess"``,
+      ``"extension"``, ``"communicator"``; psums that only JAX lowers,
+      checked first: ``"axis_index_groups"``, ``"positional_axes"``.
     detail: a sentence for the user; for an environment reason it also says
       what would apply on CUDA GPUs that are NVLink peers.
     axes: the reduced axis names.
@@ -51,6 +51,9 @@ class Decision:
       environment let it run; None when a payload reason refused it.
     comm_id: communicator-set id of the fast path, else 0.
     comm_key: fingerprint of that set's device groups, else 0.
+    source: who requested the fast path: ``"psum"`` (``jax_llar.psum``),
+      ``"swap"`` (``jax_llar.swap_psum``) or ``"install"`` (the
+      process-wide swap).
   """
   reason: str
   detail: str
@@ -62,6 +65,7 @@ class Decision:
   candidate: Algorithm | None = None
   comm_id: int = 0
   comm_key: int = 0
+  source: str = "psum"
 
   @property
   def fast(self) -> bool:
@@ -118,11 +122,10 @@ def log_once(key: str, message: str, level: int = logging.WARNING) -> None:
 def dispatch_log() -> list[Decision]:
   """Returns the recorded decisions (at most the last 10,000), oldest first.
 
-  One entry per lowering of a psum on each lowering platform, plus one per
-  psum that ``jax_llar.psum`` hands to ``lax.psum`` while tracing
-  (``axis_index_groups``, positional axes). JAX lowers identical psums of one
-  program (same shape, dtype and axes) once, so a program can hold more
-  all-reduces than it has entries here.
+  One entry per operand of each psum equation requested for the fast path
+  (``jax_llar.psum``, ``swap_psum``, ``install``), each time a program is
+  lowered; psums nobody requested are not recorded. A program lowered
+  again (another shape, a cache miss) adds entries again.
   """
   with _lock:
     return list(_records)

@@ -1,28 +1,45 @@
-"""The lowering rules of ``llar_psum_p``: when a psum becomes the FFI call.
+"""jax_llar's lowering of JAX's psum primitives: when a psum becomes the FFI call.
 
-At lowering time, for every platform, `decide`:
-  1. gathers the facts: dtype, bytes per rank, and, whenever the axis
-     context holds a concrete mesh, the replica groups and so the number of
-     ranks (JAX's own grouping, ``pxla.axis_groups``);
+Importing jax_llar registers, for every platform, a lowering rule for
+``psum_p`` and ``psum_invariant_p`` (the primitives that ``lax.psum``,
+``lax.pmean`` and the transposes of ``pvary`` and ``psum`` bind) that wraps
+the rule registered before it (JAX's own). A psum that nobody requested for
+the fast path (``jax_llar.swap.requested``) goes straight to the wrapped
+rule and is not recorded. For a requested psum, at lowering time, `decide`:
+  1. gathers the facts per operand: dtype, bytes per rank, and, whenever
+     the axis context holds a concrete mesh, the replica groups and so the
+     number of ranks (JAX's own grouping, ``pxla.axis_groups``);
   2. asks the pure policy (``jax_llar.policy.choose``) which algorithm the
-     psum itself calls for;
-  3. checks the environment, in this order: ``JAX_LLAR_DISABLE``; XLA flags
-     (concurrent command-buffer scheduling); the platform (lowering for CUDA,
-     devices that are GPUs); one process driving every device of the groups;
-     the extension (``jax_llar._ext``); a communicator set for the groups
+     psum itself calls for (psums with ``axis_index_groups`` or positional
+     axes are JAX's);
+  3. checks the environment, in this order: ``JAX_LLAR_DISABLE``; a lowering
+     for ``jax.export``; XLA flags (concurrent command-buffer scheduling);
+     the platform (lowering for CUDA alone, devices that are GPUs); one
+     process driving every device of the groups; the extension
+     (``jax_llar._ext``); a communicator set for the groups
      (``jax_llar.comm``).
-Every decision is recorded (``jax_llar.dispatch_log()``), and each reason not
-to take the fast path is logged once. A refusal by the environment keeps the
-policy's choice as ``candidate``, so a decision taken on CPU says what CUDA
-GPUs that are NVLink peers would run.
+Every decision on a requested psum is recorded (``jax_llar.dispatch_log()``),
+and each reason not to take the fast path is logged once. A refusal by the
+environment keeps the policy's choice as ``candidate``, so a decision taken
+on CPU says what CUDA GPUs that are NVLink peers would run.
 
-The CUDA rule emits ``jax.ffi.ffi_lowering("jax_llar_all_reduce")`` with the
-static attributes ``comm_id``, ``comm_key`` and ``algorithm``; every other
-lowering is exactly that of ``lax.psum``.
+The fast path emits ``jax.ffi.ffi_lowering("jax_llar_all_reduce")`` with the
+static attributes ``comm_id``, ``comm_key`` and ``algorithm``, at a location
+whose name says jax_llar, the algorithm, dtype, bytes and number of ranks
+(the op name XLA's metadata and profiler traces show). Operands of one
+psum equation that the policy refuses, and every other psum, lower through
+the wrapped rule, so their HLO is JAX's.
+
+Coexistence: a rule registered for these primitives before jax_llar is
+imported is the one wrapped (and called for every psum jax_llar does not
+take); one registered after replaces jax_llar's (``jax_llar.status()``
+reports ``lowering_rules``). ``jax.export`` always gets the wrapped rule:
+the fast path's communicator exists only in the process that lowered it.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -30,22 +47,26 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-from jax import lax
-from jax._src import config as jax_config
 from jax._src import mesh as mesh_lib
 from jax._src.interpreters import mlir, pxla
+from jax._src.lax import parallel as lax_parallel
+from jax._src.lib.mlir import ir
 from jax._src.sharding_impls import SPMDAxisContext
 
-from jax_llar import _ext, comm, log, policy
+from jax_llar import _ext, comm, log, policy, swap
 from jax_llar.config import settings
 
-# The original function, captured at import (jax_llar.swap_psum replaces the
-# attribute jax.lax.psum): every fallback must reach XLA's psum.
-_lax_psum = lax.psum
+# JAX's primitives that lax.psum, lax.pmean and the transposes of pvary and
+# psum bind (jax 0.11 and 0.12).
+PSUM_PRIMITIVES = (lax_parallel.psum_p, lax_parallel.psum_invariant_p)
 
 # Reasons logged at INFO rather than WARNING: the user asked for them, or
 # nothing is lost (so is "world_size" for a group of one device).
-_INFO_REASONS = frozenset({"disabled", "empty"})
+_INFO_REASONS = frozenset({"disabled", "empty", "export"})
+
+# Reasons that say the environment is broken: WARNING whoever asked.
+_FAILURE_REASONS = frozenset({"xla_flags", "multiprocess", "extension",
+                              "communicator"})
 
 _CONCURRENT_FLAG = re.compile(
     r"xla_gpu_command_buffer_scheduling_mode\s*=\s*CONCURRENT", re.I)
@@ -73,13 +94,17 @@ def replica_groups(axis_ctx, axes: Sequence) -> list[list[Any]] | None:
   return [[flat[i] for i in g] for g in index_groups]
 
 
-def _refused_by_environment(groups, platform: str) -> tuple[str, str] | None:
+def _refused_by_environment(groups, platform: str,
+                            for_export: bool) -> tuple[str, str] | None:
   """(reason, detail) of the first environment check that refuses the fast
   path, or None when the environment allows it. Checked in the order of the
   module docstring, up to the extension (the communicator comes last, in
   `decide`)."""
   if settings.disabled:
     return "disabled", "JAX_LLAR_DISABLE is set"
+  if for_export:
+    return ("export", "jax.export lowers psums as JAX does: the fast path's "
+            "communicator exists only in the process that lowered it")
   if _CONCURRENT_FLAG.search(os.environ.get("XLA_FLAGS", "")):
     # In this mode XLA orders graph nodes only by declared buffer uses; two
     # independent all-reduces could overlap on one GPU and share the
@@ -107,7 +132,9 @@ def _on_nvlink_gpus(candidate) -> str:
           f"psum would run {candidate.short_name}")
 
 
-def decide(axis_ctx, aval, axes: Sequence, *, platform: str) -> log.Decision:
+def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
+           source: str = "psum", axis_index_groups=None,
+           for_export: bool = False) -> log.Decision:
   """Decides how to lower a psum of `aval` over `axes` for `platform`.
 
   Args:
@@ -115,8 +142,15 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str) -> log.Decision:
       (``ctx.module_context.axis_context``).
     aval: the operand's abstract value (shape and dtype of one rank's
       payload).
-    axes: the reduced mesh axis names.
-    platform: the lowering platform (``"cuda"``, ``"cpu"``, ...).
+    axes: the reduced axes: mesh axis names, and positional (integer) axes.
+    platform: the lowering platform (``"cuda"``, ``"cpu"``, ...; several
+      joined by ", " for a lowering for several platforms at once).
+    source: who requested the fast path (``jax_llar.swap.requested``):
+      ``"psum"``, ``"swap"`` or ``"install"``. Refusals for an explicit
+      ``jax_llar.psum`` are logged at WARNING; for the swaps, only refusals
+      that say the environment is broken are.
+    axis_index_groups: the psum's index groups (such psums are JAX's).
+    for_export: the lowering is for ``jax.export``.
 
   Returns:
     The recorded Decision. A refusal has been logged once per (reason,
@@ -131,21 +165,32 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str) -> log.Decision:
   except TypeError:  # extended dtypes: the policy refuses them by dtype
     itemsize = 0
   nbytes = int(np.prod(aval.shape, dtype=np.int64)) * itemsize
-  groups = replica_groups(axis_ctx, axes)
+  named = tuple(a for a in axes if not isinstance(a, int))
+  groups = replica_groups(axis_ctx, named) if named else None
   world = len(groups[0]) if groups else 0
-  choice = policy.choose(dtype, nbytes, world, max_bytes=settings.max_bytes)
 
   def record(reason, detail, **kw):
-    info = reason in _INFO_REASONS or (reason == "world_size" and world < 2)
+    if reason in _FAILURE_REASONS:
+      info = False
+    elif source != "psum":
+      info = True
+    else:
+      info = reason in _INFO_REASONS or (reason == "world_size" and world < 2)
     return log.record(log.Decision(
         reason=reason, detail=detail, axes=axes, dtype=str(dtype),
-        bytes_per_rank=nbytes, world_size=world, **kw),
+        bytes_per_rank=nbytes, world_size=world, source=source, **kw),
         level=logging.INFO if info else logging.WARNING)
 
+  if axis_index_groups is not None:
+    world = len(axis_index_groups[0]) if len(axis_index_groups) else 0
+    return record("axis_index_groups", "psum with axis_index_groups is lax.psum's")
+  if len(named) != len(axes):
+    return record("positional_axes", "psum over positional axes is lax.psum's")
+  choice = policy.choose(dtype, nbytes, world, max_bytes=settings.max_bytes)
   if choice.algorithm is None:
     return record(choice.reason, choice.detail)
   candidate = choice.algorithm
-  refusal = _refused_by_environment(groups, platform)
+  refusal = _refused_by_environment(groups, platform, for_export)
   if refusal is None:
     try:
       cs = comm.get_or_create([[d.local_hardware_id for d in g] for g in groups])
@@ -161,34 +206,127 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str) -> log.Decision:
 
 # --- the rules ----------------------------------------------------------------
 
-
-def lax_psum_lowering(ctx, x, *, axes, check_vma):
-  """Lowers like ``lax.psum(x, axes)`` with the primitive's `check_vma`."""
-  def f(v):
-    with jax_config._check_vma(check_vma):  # pylint: disable=protected-access
-      return _lax_psum(v, axes)
-  return mlir.lower_fun(f, multiple_results=False)(ctx, x)
+_DTYPE_SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32",
+                "float64": "f64"}
 
 
-def _lowering(ctx, x, *, axes, check_vma, platform):
-  decision = decide(ctx.module_context.axis_context, ctx.avals_in[0], axes,
-                    platform=platform)
-  if not decision.fast:
-    return lax_psum_lowering(ctx, x, axes=axes, check_vma=check_vma)
-  return jax.ffi.ffi_lowering(_ext.TARGET_ALL_REDUCE)(
-      ctx, x, comm_id=np.int64(decision.comm_id),
-      comm_key=np.int64(decision.comm_key),
-      algorithm=np.int64(int(decision.algorithm)))
+def op_name(decision: log.Decision) -> str:
+  """The name a fast-path call carries in XLA's op metadata and in profiler
+  traces: ``jax_llar.<algorithm>.<dtype>.<bytes per rank>B.<ranks>ranks``,
+  e.g. ``jax_llar.one_shot_ll.bf16.1024B.2ranks``."""
+  dtype = _DTYPE_SHORT.get(decision.dtype, decision.dtype)
+  return (f"jax_llar.{decision.algorithm.short_name}.{dtype}."
+          f"{decision.bytes_per_rank}B.{decision.world_size}ranks")
 
 
-def lowering_cuda(ctx, x, *, axes, check_vma):
-  """The CUDA lowering rule: `decide`, then the FFI call or lax.psum's."""
-  return _lowering(ctx, x, axes=axes, check_vma=check_vma, platform="cuda")
+def _fast_path_call(ctx, x, decision: log.Decision):
+  """The FFI call for one operand, at a location named by `op_name`."""
+  name = op_name(decision)
+  loc = mlir.source_info_to_location(
+      ctx.module_context, None, ctx.name_stack.extend(name), ctx.traceback)
+  with ir.Location.name(f"jax_llar.{decision.algorithm.short_name}:",
+                        childLoc=loc):
+    return jax.ffi.ffi_lowering(_ext.TARGET_ALL_REDUCE)(
+        ctx, x, comm_id=np.int64(decision.comm_id),
+        comm_key=np.int64(decision.comm_key),
+        algorithm=np.int64(int(decision.algorithm)))
 
 
-def lowering_default(ctx, x, *, axes, check_vma):
-  """The rule of every other platform: `decide` (which records the facts and
-  refuses with reason "platform"), then lax.psum's lowering."""
-  platforms = [p for p in ctx.module_context.platforms if p != "cuda"]
-  return _lowering(ctx, x, axes=axes, check_vma=check_vma,
-                   platform=", ".join(platforms) or "this platform")
+def _lower_requested(wrapped, platform: str, source: str, ctx, args, params):
+  for_export = bool(getattr(ctx.module_context.lowering_parameters,
+                            "for_export", False))
+  decisions = [
+      decide(ctx.module_context.axis_context, aval, params["axes"],
+             platform=platform, source=source,
+             axis_index_groups=params.get("axis_index_groups"),
+             for_export=for_export)
+      for aval in ctx.avals_in]
+  fast = [i for i, d in enumerate(decisions) if d.fast]
+  if not fast:
+    return wrapped(ctx, *args, **params)
+  outs: list[Any] = [None] * len(args)
+  rest = [i for i in range(len(args)) if i not in fast]
+  if rest:
+    sub = ctx.replace(avals_in=[ctx.avals_in[i] for i in rest],
+                      avals_out=[ctx.avals_out[i] for i in rest])
+    for i, out in zip(rest, wrapped(sub, *[args[i] for i in rest], **params)):
+      outs[i] = out
+  for i in fast:
+    sub = ctx.replace(avals_in=[ctx.avals_in[i]], avals_out=[ctx.avals_out[i]])
+    (outs[i],) = _fast_path_call(sub, args[i], decisions[i])
+  return outs
+
+
+# The one platform whose lowering can emit the FFI call.
+_FAST_PLATFORM = "cuda"
+
+
+def _make_rule(prim, wrapped, platform: str | None):
+  """jax_llar's rule for `prim` wrapping the rule `wrapped`: for every
+  platform (`platform` None) or for one that JAX gives a rule of its own."""
+  def rule(ctx, *args, **params):
+    source = swap.requested(ctx.jaxpr_eqn_ctx)
+    if source is None:
+      return wrapped(ctx, *args, **params)
+    platforms = ([platform] if platform is not None
+                 else list(ctx.module_context.platforms))
+    if len(platforms) == 1 or _FAST_PLATFORM not in platforms:
+      return _lower_requested(wrapped, ", ".join(platforms), source, ctx,
+                              args, params)
+    # A lowering for several platforms at once: decide per platform, in one
+    # branch for CUDA and one for the others, as JAX's per-platform rules do.
+    others = ", ".join(p for p in platforms if p != _FAST_PLATFORM)
+    return mlir.lower_per_platform(
+        ctx.replace(avals_out=list(ctx.avals_out)), f"jax_llar {prim.name}",
+        {_FAST_PLATFORM: functools.partial(_per_platform, wrapped,
+                                           _FAST_PLATFORM, source, params)},
+        functools.partial(_per_platform, wrapped, others, source, params),
+        frozenset(), *args)
+
+  rule.__name__ = rule.__qualname__ = (
+      f"jax_llar_{prim.name}_lowering" + (f"_{platform}" if platform else ""))
+  rule.wrapped = wrapped
+  return rule
+
+
+def _per_platform(wrapped, platform, source, params, ctx, *args):
+  return _lower_requested(wrapped, platform, source, ctx, args, params)
+
+
+_rules: dict[tuple[str, str | None], Any] = {}
+
+
+def _register_rules() -> None:
+  """Registers jax_llar's rule for each psum primitive, wrapping what is
+  registered now: one for every platform, and one for each platform that
+  JAX gives a rule of its own (none in jax 0.11 and 0.12). Lowerings of
+  these primitives are not cached per module: the rule reads each
+  equation's mark, name stack and axis context."""
+  for prim in PSUM_PRIMITIVES:
+    common = mlir._lowerings[prim]  # pylint: disable=protected-access
+    specific = {p: t[prim] for p, t in mlir._platform_specific_lowerings.items()  # pylint: disable=protected-access
+                if prim in t}
+    for platform, entry in [(None, common), *specific.items()]:
+      rule = _make_rule(prim, entry.rule, platform)
+      mlir.register_lowering(prim, rule, platform=platform,
+                             inline=entry.inline, cacheable=False)
+      _rules[(prim.name, platform)] = rule
+
+
+def rules_active() -> dict[str, bool]:
+  """For each psum primitive (and platform with a rule of its own, as
+  ``"name/platform"``), whether jax_llar's rule is still the one registered
+  (False: code registered another rule after importing jax_llar)."""
+  out = {}
+  for (name, platform), rule in _rules.items():
+    prim = next(p for p in PSUM_PRIMITIVES if p.name == name)
+    if platform is None:
+      entry = mlir._lowerings.get(prim)  # pylint: disable=protected-access
+      out[name] = entry is not None and entry.rule is rule
+    else:
+      entry = mlir._platform_specific_lowerings[platform].get(prim)  # pylint: disable=protected-access
+      out[f"{name}/{platform}"] = entry is not None and entry.rule is rule
+  return out
+
+
+_register_rules()

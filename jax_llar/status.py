@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from jax_llar import _ext, comm
+from jax_llar import _ext, comm, lowering, swap
 from jax_llar.config import settings
 
 
@@ -36,7 +36,10 @@ def status() -> dict[str, Any]:
         and the benchmarks ran with (None when not active);
       ``comm_sets``: one dict per communicator set (``comm_id``, ``groups``
         of CUDA ordinals, ``world_size``, ``scratch_bytes_per_device``);
-      ``settings``: the current ``jax_llar.config.settings`` as a dict.
+      ``settings``: the current ``jax_llar.config.settings`` as a dict;
+      ``swap``: ``installed`` (the process-wide swap is on) and
+        ``lowering_rules`` (per psum primitive, whether jax_llar's lowering
+        rule is still the registered one).
   """
   mod = _ext.load(quiet=True)
   build = _ext.build_info()
@@ -69,6 +72,8 @@ def status() -> dict[str, Any]:
           for c in comm.comm_sets()
       ],
       "settings": vars(settings).copy(),
+      "swap": {"installed": swap.installed(),
+               "lowering_rules": lowering.rules_active()},
   }
 
 

@@ -1,100 +1,131 @@
-"""Swap ``lax.psum`` for ``jax_llar.psum`` in code you do not want to edit.
+"""Which psums jax_llar serves: a region, the whole process, or one call.
 
-``swap_psum`` is a context manager and a decorator. Code traced inside it
-that calls ``jax.lax.psum`` (looked up as an attribute, as ``jax.lax.psum(...)``
-and ``lax.psum(...)`` do) uses ``jax_llar.psum``. Code that imported the
-function object itself (``from jax.lax import psum``) before the block is not
-affected.
+jax_llar provides the lowering of JAX's own psum primitives (``psum_p`` and
+``psum_invariant_p``, which ``lax.psum``, ``lax.pmean`` and the transposes of
+``pvary`` and of ``psum`` bind); see ``jax_llar.lowering``. The jaxpr keeps
+JAX's primitives. A psum is *requested* for the fast path, and then goes
+through the dispatch policy, in three ways:
 
-The swap is part of ``jax.jit``'s cache key, as JAX's own configuration
-contexts are: a jitted function called inside the block after a call outside
-it (or the other way round) is traced again, so the context around a call
-decides which psum runs. The key comes from a JAX user context
-(``jax.make_user_context``), which is per thread.
+  ``jax_llar.psum(x, axis)``   that one psum (and its transposes);
+  ``swap_psum()``              every psum traced inside the block or
+                               decorated function, including ``pmean``, a
+                               ``psum`` imported before, library code and the
+                               psums that differentiation adds there;
+  ``install()`` /              every psum of the process, traced or lowered
+  ``JAX_LLAR_SWAP=1``          after the call (or import).
 
-The swap is per thread too. While any block is active, in any thread, the
-attribute ``jax.lax.psum`` is a dispatcher that calls ``jax_llar.psum`` when
-the calling thread is inside a block and JAX's own psum otherwise; outside
-every block the attribute is JAX's function object again. So the psum that
-a trace takes always agrees with the cache key it is stored under: another
-thread that traces while a block is active gets JAX's psum, and its cached
-trace stays JAX's. (A reference to the attribute taken inside a block is
-the dispatcher, and keeps choosing by the calling thread's context.)
+Any other psum lowers exactly as JAX lowers it, and is not recorded.
+
+The first two mark the psum's equation through JAX's XLA metadata
+(``jax.experimental.xla_metadata.set_xla_metadata``): the key ``jax_llar``
+goes into the equation's context, where transformations keep it (the
+transpose of a marked equation is marked), and into the lowered program as
+an ``mhlo.frontend_attributes`` entry. The mark is part of jit's tracing,
+lowering and compilation cache keys (JAX keys those caches on the metadata
+context), so a program traced inside a block and the same program traced
+outside it never share an executable. ``install()`` sets a JAX user context
+globally (``jax.make_user_context``), which is part of the same keys.
+
+``swap_psum(False)`` marks a region whose psums stay JAX's even when the
+swap is installed; an explicit ``jax_llar.psum`` inside it still asks for
+the fast path (the innermost mark wins).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import threading
-from typing import Callable
+from typing import Any
 
 import jax
-from jax import lax
+from jax.experimental.xla_metadata import set_xla_metadata
 
-from jax_llar.psum import psum as _llar_psum
+from jax_llar.config import env_bool
 
-_lock = threading.RLock()
-_depth = 0  # active blocks, all threads
-_original = lax.psum
+# The XLA metadata key of the mark, and its values.
+MARK_KEY = "jax_llar"
+MARK_PSUM = "psum"  # jax_llar.psum
+MARK_SWAP = "swap"  # inside swap_psum()
+MARK_OFF = "off"  # inside swap_psum(False)
 
-# True inside a swap: part of jit's cache key (and of the trace context).
-_swapped = jax.make_user_context(default_value=False)
-# Per thread: the user-context managers of the active blocks, innermost last.
-_local = threading.local()
-
-
-def _resolve() -> Callable:
-  """The psum for the calling thread: jax_llar's inside a block, else JAX's."""
-  return _llar_psum if _swapped.value else _original
+# Process-wide swap: part of jit's cache keys.
+_installed = jax.make_user_context(default_value=False)
 
 
-@functools.wraps(_original)
-def _dispatch(*args, **kwargs):
-  return _resolve()(*args, **kwargs)
+def install() -> None:
+  """Swaps every psum of this process for jax_llar's dispatch.
+
+  Every ``psum_p`` / ``psum_invariant_p`` lowered afterwards (``lax.psum``,
+  ``lax.pmean``, ``from jax.lax import psum``, gradients, library code) goes
+  through jax_llar's policy; psums it does not serve lower as JAX lowers
+  them, logged at INFO. Regions marked ``swap_psum(False)`` are left alone.
+  Setting ``JAX_LLAR_SWAP=1`` before importing jax_llar does the same.
+
+  The state is part of jit's cache keys, so programs traced before the call
+  are traced, lowered and compiled again on their next call. Idempotent.
+
+  Example::
+
+    import jax_llar
+    jax_llar.install()
+    step = jax.jit(model_step)   # every small psum of the model is fast
+  """
+  _installed.set_global(True)
 
 
-_dispatch.__module__, _dispatch.__qualname__ = __name__, "_dispatch"
-_dispatch.__doc__ = (
-    "``jax.lax.psum`` while a ``jax_llar.swap_psum`` block is active in some "
-    "thread: calls ``jax_llar.psum`` when the calling thread is inside a "
-    "block, JAX's ``lax.psum`` otherwise (the same arguments).\n\n"
-    + (_original.__doc__ or ""))
+def uninstall() -> None:
+  """Undoes ``install()`` (and ``JAX_LLAR_SWAP=1``). Idempotent."""
+  _installed.set_global(False)
 
 
-def _enter() -> None:
-  global _depth
-  cm = _swapped(True)
-  cm.__enter__()
-  stack = getattr(_local, "stack", None)
-  if stack is None:
-    stack = _local.stack = []
-  stack.append(cm)
-  with _lock:
-    if _depth == 0:
-      lax.psum = _dispatch
-    _depth += 1
+def installed() -> bool:
+  """True when the process-wide swap is on (``install()`` or
+  ``JAX_LLAR_SWAP=1``)."""
+  return bool(_installed.value)
 
 
-def _exit(*exc) -> None:
-  global _depth
-  with _lock:
-    _depth -= 1
-    if _depth == 0:
-      lax.psum = _original
-  _local.stack.pop().__exit__(*exc)
+def requested(eqn_ctx: Any) -> str | None:
+  """Who asked for the fast path for a psum equation, or None.
+
+  Args:
+    eqn_ctx: the equation's ``JaxprEqnContext`` (the lowering rule's
+      ``ctx.jaxpr_eqn_ctx``), or None.
+
+  Returns:
+    ``"psum"`` (``jax_llar.psum``), ``"swap"`` (``swap_psum()``),
+    ``"install"`` (the process-wide swap), or None: a psum jax_llar leaves to
+    JAX, unrecorded.
+  """
+  metadata = getattr(eqn_ctx, "xla_metadata", None) or {}
+  mark = metadata.get(MARK_KEY)
+  if mark in (MARK_PSUM, MARK_SWAP):
+    return mark
+  if mark == MARK_OFF:
+    return None
+  return "install" if _installed.value else None
+
+
+def mark(value: str) -> contextlib.AbstractContextManager:
+  """The context manager that marks equations traced inside it."""
+  return set_xla_metadata(**{MARK_KEY: value})
 
 
 class swap_psum(contextlib.ContextDecorator):
-  """Context manager / decorator: ``jax.lax.psum`` means ``jax_llar.psum``.
+  """Context manager / decorator: psums traced inside use jax_llar.
 
-  Re-entrant (also the same instance) and usable from several threads; the
-  swap holds in the thread that entered the block. While any block (or
-  decorated call) is active, ``jax.lax.psum`` is a dispatcher that picks
-  ``jax_llar.psum`` in threads inside a block and ``lax.psum`` in the
-  others; outside every block it is ``lax.psum`` itself. Inside a block
-  jit's cache key differs from outside, so a jitted function traces once for
-  each and every call runs the psum of its context.
+  Every ``psum_p`` / ``psum_invariant_p`` bound while the block is active in
+  the calling thread (``lax.psum``, ``lax.pmean``, a ``psum`` imported
+  before, psums inside library code and inside nested ``jax.jit``
+  functions, and the psums that ``jax.grad`` adds for them) is marked for
+  the fast path; jax_llar's policy then decides per psum, at lowering. A
+  call of an already jitted function inside the block traces it again
+  (the mark is part of jit's cache key), so the context around a call
+  decides which psum runs. Re-entrant and thread-safe (the mark is JAX's
+  thread-local metadata context).
+
+  Args:
+    enabled: True (default) marks the psums for jax_llar; False marks them
+      to stay JAX's, also when ``install()`` is active.
 
   Example::
 
@@ -104,13 +135,35 @@ class swap_psum(contextlib.ContextDecorator):
       return jax.shard_map(model, mesh=mesh, in_specs=..., out_specs=...)(params, x)
 
     with jax_llar.swap_psum():
-      out = jitted_model(params, x)   # traced (again) with jax_llar.psum
+      out = jitted_model(params, x)   # traced (again) with the mark
   """
 
+  def __init__(self, enabled: bool = True):
+    self._value = MARK_SWAP if enabled else MARK_OFF
+    self._local = threading.local()  # per thread: the entered marks, innermost last
+
+  def _recreate_cm(self):
+    # A fresh instance per decorated call keeps nested and concurrent calls
+    # of one decorated function independent.
+    return swap_psum(self._value == MARK_SWAP)
+
   def __enter__(self):
-    _enter()
+    cm = mark(self._value)
+    cm.__enter__()
+    stack = getattr(self._local, "stack", None)
+    if stack is None:
+      stack = self._local.stack = []
+    stack.append(cm)
     return self
 
   def __exit__(self, *exc):
-    _exit(*exc)
+    self._local.stack.pop().__exit__(*exc)
     return False
+
+
+def _install_from_environment() -> None:
+  if env_bool("JAX_LLAR_SWAP"):
+    install()
+
+
+_install_from_environment()

@@ -13,6 +13,7 @@ in ``jax_llar._ext``'s state, so that ``jax_llar.comm`` runs for real.
 from __future__ import annotations
 
 import json
+import re
 import logging
 
 import jax
@@ -141,7 +142,8 @@ def test_decision_to_dict_is_json_ready():
       "reason": "fast_path", "detail": "one_shot_ll over 2 ranks",
       "axes": ["x"], "dtype": "float32", "bytes_per_rank": 64,
       "world_size": 2, "algorithm": "one_shot_ll", "candidate": "one_shot_ll",
-      "comm_id": 3, "comm_key": 99, "impl": "llar.one_shot_ll", "fast": True}
+      "comm_id": 3, "comm_key": 99, "source": "psum",
+      "impl": "llar.one_shot_ll", "fast": True}
   assert repr(d).startswith("Decision(impl='llar.one_shot_ll', reason=")
   with pytest.raises(TypeError):  # facts are keyword-only and required
     log.Decision("fast_path", "", ("x",), "float32", 64, 2)  # pylint: disable=too-many-function-args
@@ -392,10 +394,17 @@ def test_cached_communicator_failure_is_raised_fresh(monkeypatch):
 # --- CUDA lowering (as text, on CPU) -------------------------------------------------
 
 
-def _cuda_text(fn, x, mesh, platforms=("cuda",)):
+def _cuda_text(fn, x, mesh, platforms=("cuda",), debug_info=False):
   f = jax.jit(jax.shard_map(lambda v: fn(v, "x"), mesh=mesh, in_specs=P("x"),
                             out_specs=P()))
-  return f.trace(x).lower(lowering_platforms=platforms).as_text()
+  return f.trace(x).lower(lowering_platforms=platforms).as_text(
+      debug_info=debug_info)
+
+
+def strip_mark(text: str) -> str:
+  """`text` without the frontend attributes of jax_llar's mark."""
+  text = re.sub(r' ?\{mhlo\.frontend_attributes = \{jax_llar = "\w+"\}\}', "", text)
+  return text.replace('mhlo.frontend_attributes = {jax_llar = "psum"}, ', "")
 
 
 def test_cuda_lowering_emits_ffi_call(monkeypatch):
@@ -403,8 +412,10 @@ def test_cuda_lowering_emits_ffi_call(monkeypatch):
   x = random_input(np.random.default_rng(16), (2, 8), np.float32)
   seen = []
 
-  def fast_on_cuda(axis_ctx, aval, axes, *, platform):
+  def fast_on_cuda(axis_ctx, aval, axes, *, platform, source, **kw):
     seen.append((type(axis_ctx), aval.shape, axes, platform))
+    assert source == "psum" and kw == {"axis_index_groups": None,
+                                       "for_export": False}
     if platform != "cuda":
       return log.Decision(reason="platform", detail="", axes=tuple(axes),
                           dtype="float32", bytes_per_rank=32, world_size=2,
@@ -421,6 +432,13 @@ def test_cuda_lowering_emits_ffi_call(monkeypatch):
   assert "comm_key = 4242" in text
   assert "all_reduce\"" not in text
   assert seen == [(SPMDAxisContext, (1, 8), ("x",), "cuda")]
+  # The op name says jax_llar, the algorithm, dtype, bytes and ranks, under
+  # the name stack of the psum (what XLA's metadata and traces show).
+  text = _cuda_text(jax_llar.psum, x, mesh, debug_info=True)
+  name = re.search(r'(#loc\d+) = loc\("([^"]*)jax_llar\.one_shot_ll\.f32\.32B\.2ranks"', text)
+  assert name is not None, text
+  assert f'loc("jax_llar.one_shot_ll:"({name.group(1)}))' in text
+  del seen[1:]
   # Lowered for CUDA and CPU together: the CPU branch keeps lax.psum, and
   # both rules asked decide().
   text = _cuda_text(jax_llar.psum, x, mesh, ("cuda", "cpu"))
@@ -435,8 +453,9 @@ def test_cuda_lowering_on_cpu_devices_falls_back():
   text = _cuda_text(jax_llar.psum, x, mesh)
   assert "jax_llar_all_reduce" not in text
   assert "stablehlo.all_reduce" in text
-  # The fallback lowers exactly like lax.psum.
-  assert text == _cuda_text(lax.psum, x, mesh)
+  # The fallback lowers exactly like lax.psum, the mark aside.
+  assert 'mhlo.frontend_attributes = {jax_llar = "psum"}' in text
+  assert strip_mark(text) == _cuda_text(lax.psum, x, mesh)
   log_ = jax_llar.dispatch_log()
   assert [(d.impl, d.reason, d.world_size, d.candidate) for d in log_] == [
       ("lax.psum", "platform", 2, ONE_SHOT_LL)]

@@ -1,296 +1,353 @@
-"""jax_llar.swap_psum: ``jax.lax.psum`` means ``jax_llar.psum`` inside it.
+"""Which psums reach jax_llar: ``swap_psum`` regions, ``install()``, the call.
 
-The swap is part of jit's cache key (issue 15, item 2): a function traced
-outside the block and called inside it is traced again and takes jax_llar,
-and the other way round. Each test observes this twice: a trace-time side
-effect (whether ``jax.lax.psum`` resolves to ``jax_llar.psum`` in the
-tracing thread while the body is traced) and the dispatch log (only
-jax_llar's psums are recorded).
+jax_llar lowers JAX's own psum primitives; a psum requested for the fast
+path is recorded in the dispatch log with its ``source``, any other psum is
+JAX's and unrecorded. On CPU every requested psum records reason
+"platform" with candidate ONE_SHOT_LL (what NVLink GPUs would run), so the
+log says which psums a GPU would have served. Results are compared with
+``lax.psum`` bitwise.
 
-While any block is active ``jax.lax.psum`` is the swap's dispatcher, which
-picks per calling thread; outside every block it is JAX's function again.
+The mark is JAX's XLA metadata: it is in the equation's context, in the
+lowered program (a frontend attribute) and in jit's cache keys.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import PartitionSpec as P
+from jax.lax import psum as imported_psum  # imported before any swap
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_llar
 from jax_llar import swap
+from jax_llar.algorithms import Algorithm
 
-from cpu_helpers import assert_bitwise, mesh_of, random_input, shard_psum
+from cpu_helpers import assert_bitwise, mesh_of, random_input, user_env
+
+MARK = 'mhlo.frontend_attributes = {jax_llar = "swap"}'
 
 
 @pytest.fixture(autouse=True)
-def restore_lax_psum():
-  """Puts lax.psum back if a test (of a swap bug) left it swapped."""
+def _uninstalled():
+  """Every test starts and ends without the process-wide swap."""
+  jax_llar.uninstall()
   yield
-  if jax.lax.psum is not swap._original or swap._depth:  # pylint: disable=protected-access
-    swap._depth = 0  # pylint: disable=protected-access
-    jax.lax.psum = swap._original  # pylint: disable=protected-access
+  jax_llar.uninstall()
 
 
-def _takes_llar() -> bool:
-  """Whether ``jax.lax.psum``, called now in this thread, is jax_llar's."""
-  psum = jax.lax.psum
-  if psum is swap._dispatch:  # pylint: disable=protected-access
-    psum = swap._resolve()  # pylint: disable=protected-access
-  return psum is jax_llar.psum
+def _log():
+  return [(d.source, d.reason, d.candidate) for d in jax_llar.dispatch_log()]
 
 
-def _psum_jaxpr_text(x, mesh):
-  return str(jax.make_jaxpr(jax.shard_map(
-      lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"),
-      out_specs=P()))(x))
+def _sharded(mesh, x):
+  return jax.device_put(x, NamedSharding(mesh, P("x")))
 
 
-def _recording_step(mesh):
-  """A jitted shard_map psum through the attribute jax.lax.psum, and the list
-  its body appends to at each trace: True when the trace saw jax_llar."""
+def _counting_step(mesh, psum_fn=None):
+  """A jitted shard_map psum, and the list its body appends to per trace."""
   traces = []
 
   def body(v):
-    traces.append(_takes_llar())
-    return jax.lax.psum(v, "x")
+    traces.append(1)
+    return (psum_fn or jax.lax.psum)(v, "x")
 
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"),
                                out_specs=P())), traces
 
 
-def test_swap_psum_context_and_decorator():
+SWAP_DECISION = ("swap", "platform", Algorithm.ONE_SHOT_LL)
+
+
+def test_context_and_decorator_request_the_fast_path():
   mesh = mesh_of((2,), ("x",))
-  x = random_input(np.random.default_rng(23), (2, 3), np.float32)
-  original = jax.lax.psum
-  assert original is not jax_llar.psum
+  x = _sharded(mesh, random_input(np.random.default_rng(0), (2, 8), np.float32))
+  f, _ = _counting_step(mesh)
+  want = np.asarray(f(x))
+  assert _log() == []  # not requested: JAX's, unrecorded
   with jax_llar.swap_psum():
-    assert jax.lax.psum is swap._dispatch  # pylint: disable=protected-access
-    assert _takes_llar()
-    text = _psum_jaxpr_text(x, mesh)
-    with jax_llar.swap_psum():  # nesting two instances keeps the swap
-      pass
-    assert jax.lax.psum is swap._dispatch  # pylint: disable=protected-access
-    assert _takes_llar()
-  assert "llar_psum" in text and "psum_invariant" not in text
-  assert jax.lax.psum is original
-  text = _psum_jaxpr_text(x, mesh)
-  assert "llar_psum" not in text and "psum_invariant" in text
+    assert_bitwise(np.asarray(f(x)), want)
+  assert _log() == [SWAP_DECISION]
 
+  @jax.jit
   @jax_llar.swap_psum()
-  def traced(v):
-    return _psum_jaxpr_text(v, mesh)
+  def step(v):
+    return jax.shard_map(lambda s: lax.psum(s, "x"), mesh=mesh, in_specs=P("x"),
+                         out_specs=P())(v)
 
-  assert "llar_psum" in traced(x)
-  assert jax.lax.psum is original
-  with pytest.raises(ZeroDivisionError):
+  jax_llar.clear_dispatch_log()
+  assert_bitwise(np.asarray(step(x)), want)
+  assert _log() == [SWAP_DECISION]
+
+
+@pytest.mark.parametrize("what", ["pmean", "imported_psum", "library_code",
+                                  "nested_jit", "scan_body"])
+def test_every_psum_in_a_region_is_requested(what):
+  mesh = mesh_of((4,), ("x",))
+  x = _sharded(mesh, random_input(np.random.default_rng(1), (4, 16), np.float32))
+  inner = jax.jit(jax.shard_map(lambda v: lax.psum(v, "x"), mesh=mesh,
+                                in_specs=P("x"), out_specs=P()))
+  inner(x)  # compiled outside first: the region must trace it again
+
+  def scan_body(v):
+    def step(c, _):
+      return c + lax.psum(v, "x") * 0.5, None
+    return lax.scan(step, jnp.zeros_like(v), None, length=3)[0]
+
+  fns = {
+      "pmean": lambda v: lax.pmean(v, "x"),
+      "imported_psum": lambda v: imported_psum(v, "x"),
+      "library_code": lambda v: jax.nn.logsumexp(lax.psum(v, "x")),
+      "scan_body": scan_body,
+  }
+  if what == "nested_jit":
+    run = jax.jit(lambda v: inner(v) * 2)
+  else:
+    run = jax.jit(jax.shard_map(fns[what], mesh=mesh, in_specs=P("x"),
+                                out_specs=P("x") if what == "scan_body" else P()))
+  want = np.asarray(run(x))
+  assert _log() == []
+  with jax_llar.swap_psum():
+    got = np.asarray(run(x))
+  assert_bitwise(got, want)
+  assert _log() == [SWAP_DECISION]
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_gradient_transpose_psums_are_requested(check_vma):
+  """jax.grad of a shard_map body with a replicated weight: JAX adds a psum
+  of the weight's cotangent (the transpose of pvary, or of the implicit
+  broadcast without check_vma); inside a region it is requested too."""
+  mesh = mesh_of((2,), ("x",))
+  x = _sharded(mesh, random_input(np.random.default_rng(2), (2, 8), np.float32))
+  w = jnp.float32(1.5)
+
+  def loss(w, x):
+    y = jax.shard_map(lambda v, w: v * w, mesh=mesh, in_specs=(P("x"), P()),
+                      out_specs=P("x"), check_vma=check_vma)(x, w)
+    return y.sum()
+
+  g = jax.jit(jax.grad(loss))
+  want = np.asarray(g(w, x))
+  assert _log() == []
+  with jax_llar.swap_psum():
+    got = np.asarray(g(w, x))
+  assert_bitwise(got, want)
+  assert _log() == [SWAP_DECISION]
+  # The region inside the function being differentiated marks the transpose.
+  jax_llar.clear_dispatch_log()
+
+  def loss_marked(w, x):
     with jax_llar.swap_psum():
-      _ = 1 / 0
-  assert jax.lax.psum is original
+      return loss(w, x)
+
+  assert_bitwise(np.asarray(jax.jit(jax.grad(loss_marked))(w, x)), want)
+  assert _log() == [SWAP_DECISION]
 
 
-def test_swap_psum_traced_inside_compiled_outside():
-  """The documented pattern: jit outside, the swap around the traced code."""
+def test_explicit_psum_transpose_is_marked():
+  """Without check_vma the transpose of psum is a psum: jax_llar.psum's is
+  requested too (source "psum")."""
   mesh = mesh_of((2,), ("x",))
-  x = random_input(np.random.default_rng(24), (2, 3), np.float32)
+  x = _sharded(mesh, random_input(np.random.default_rng(3), (2, 8), np.float32))
 
-  @jax.jit
-  @jax_llar.swap_psum()
-  def step(v):
-    return jax.shard_map(lambda w: jax.lax.psum(w, "x"), mesh=mesh,
-                         in_specs=P("x"), out_specs=P())(v)
+  def loss(fn, x):
+    y = jax.shard_map(lambda v: fn(v * v, "x"), mesh=mesh, in_specs=P("x"),
+                      out_specs=P("x"), check_vma=False)(x)
+    return y.sum()
 
-  got = np.asarray(step(x))
-  assert_bitwise(got, shard_psum(lax.psum, mesh, "x", x)[0:1])
-  assert [d.reason for d in jax_llar.dispatch_log()] == ["platform"]
+  want = jax.jit(jax.value_and_grad(lambda x: loss(lax.psum, x)))(x)
+  assert _log() == []
+  got = jax.jit(jax.value_and_grad(lambda x: loss(jax_llar.psum, x)))(x)
+  for a, b in zip(got, want):
+    assert_bitwise(np.asarray(a), np.asarray(b))
+  # The forward psum and its transpose (a psum of the cotangent).
+  assert [d.source for d in jax_llar.dispatch_log()] == ["psum", "psum"]
 
 
-def test_jit_decorator_pattern_traces_once_with_jax_llar():
-  """``@jax.jit @swap_psum()``: the swap is active while jit traces, so the
-  one trace takes jax_llar, and later calls (outside any block) reuse it."""
+def test_mark_is_in_the_lowered_program_and_the_cache_key():
   mesh = mesh_of((2,), ("x",))
-  x = random_input(np.random.default_rng(30), (2, 3), np.float32)
-  traces = []
-
-  def body(v):
-    traces.append(_takes_llar())
-    return jax.lax.psum(v, "x")
-
-  @jax.jit
-  @jax_llar.swap_psum()
-  def step(v):
-    return jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P())(v)
-
-  outs = [np.asarray(step(x)) for _ in range(3)]
-  assert traces == [True]
-  assert len(jax_llar.dispatch_log()) == 1
-  assert jax.lax.psum is swap._original  # pylint: disable=protected-access
-  for o in outs:
-    assert_bitwise(o, shard_psum(lax.psum, mesh, "x", x)[0:1])
-
-
-def test_called_outside_then_inside_retraces_with_jax_llar():
-  """Issue 15, item 2: a cached trace made outside the block must not serve
-  a call inside it."""
-  mesh = mesh_of((2,), ("x",))
-  x = random_input(np.random.default_rng(31), (2, 3), np.float32)
-  step, traces = _recording_step(mesh)
-  want = np.asarray(step(x))
-  assert traces == [False]
-  assert jax_llar.dispatch_log() == []
+  x = _sharded(mesh, random_input(np.random.default_rng(4), (2, 8), np.float32))
+  f, _ = _counting_step(mesh)
+  outside = f.lower(x).as_text()
   with jax_llar.swap_psum():
-    got = np.asarray(step(x))
-  assert traces == [False, True]
-  assert [(d.reason, d.world_size) for d in jax_llar.dispatch_log()] == [
-      ("platform", 2)]
-  assert_bitwise(got, want)
-  # Each context keeps its own cache entry: no further traces.
-  step(x)
+    inside = f.lower(x).as_text()
+  assert MARK in inside and MARK not in outside
+  f, traces = _counting_step(mesh)
+  f(x)
+  n = len(traces)
   with jax_llar.swap_psum():
-    step(x)
-  assert traces == [False, True]
-  assert len(jax_llar.dispatch_log()) == 1
+    f(x)
+    f(x)
+  assert len(traces) == n + 1  # traced again once inside, then cached
+  f(x)
+  assert len(traces) == n + 1  # outside: the first trace's executable
+  assert _log() == [SWAP_DECISION] * 2  # the lower() inside, and the call
 
 
-def test_traced_inside_then_called_outside_retraces_with_lax():
-  """Issue 15, item 2, the other direction: a trace made inside the block
-  must not keep jax_llar after the block ends."""
+def test_swap_is_per_thread():
   mesh = mesh_of((2,), ("x",))
-  x = random_input(np.random.default_rng(32), (2, 3), np.float32)
-  step, traces = _recording_step(mesh)
-  with jax_llar.swap_psum():
-    got = np.asarray(step(x))
-  assert traces == [True]
-  assert len(jax_llar.dispatch_log()) == 1
-  want = np.asarray(step(x))
-  assert traces == [True, False]
-  assert len(jax_llar.dispatch_log()) == 1  # lax.psum records nothing
-  assert_bitwise(got, want)
-  lowered = step.trace(x).lower().as_text()
-  assert len(jax_llar.dispatch_log()) == 1 and "all_reduce" in lowered
-
-
-def test_inner_jit_cached_outside_retraces_inside():
-  """A jitted function called from a traced function inside the block: its
-  cache entry from outside is not reused either."""
-  mesh = mesh_of((2,), ("x",))
-  x = random_input(np.random.default_rng(33), (2, 3), np.float32)
-  inner, traces = _recording_step(mesh)
-  inner(x)
-
-  @jax.jit
-  def outer(v):
-    return inner(v) * 2
-
-  with jax_llar.swap_psum():
-    outer(x)
-  assert traces == [False, True]
-  assert len(jax_llar.dispatch_log()) == 1
-
-
-def test_swap_state_is_per_thread_in_the_cache_key():
-  """The cache key is the calling thread's: a thread outside the block does
-  not take the block's entry, and the dispatcher gives it JAX's psum."""
-  mesh = mesh_of((2,), ("x",))
-  x = random_input(np.random.default_rng(34), (2, 3), np.float32)
-  step, traces = _recording_step(mesh)
+  x = _sharded(mesh, random_input(np.random.default_rng(5), (2, 8), np.float32))
+  f, _ = _counting_step(mesh)
   entered, done = threading.Event(), threading.Event()
+  other = {}
 
-  def in_block():
-    with jax_llar.swap_psum():
-      step(x)
-      entered.set()
-      done.wait(10)
+  def worker():
+    entered.wait()
+    other["text"] = f.lower(x).as_text()
+    done.set()
 
-  t = threading.Thread(target=in_block)
+  t = threading.Thread(target=worker)
   t.start()
-  assert entered.wait(10)
-  assert swap._swapped.value is False  # pylint: disable=protected-access
-  assert jax.lax.psum is swap._dispatch  # pylint: disable=protected-access
-  assert not _takes_llar()
-  done.set()
-  t.join(10)
-  step(x)  # outside the block in this thread: not the block's entry
-  assert traces == [True, False]
-
-
-@pytest.mark.parametrize("what", ["compile-inside", "constant", "bool"])
-def test_swap_psum_fallbacks_inside_swap(what):
-  mesh = mesh_of((2,), ("x",))
-  x = random_input(np.random.default_rng(25), (2, 3), np.float32)
-  body = {"compile-inside": lambda v: jax.lax.psum(v, "x"),
-          "constant": lambda v: jax.lax.psum(1, "x") * v,
-          "bool": lambda v: jax.lax.psum(v > 0, "x")}[what]
-  f = lambda: np.asarray(jax.jit(jax.shard_map(  # pylint: disable=g-long-lambda
-      body, mesh=mesh, in_specs=P("x"), out_specs=P(
-          "x" if what == "constant" else None)))(x))
-  want = f()
   with jax_llar.swap_psum():
-    got = f()
-  assert_bitwise(got, want)
+    entered.set()
+    done.wait()
+    mine = f.lower(x).as_text()
+  t.join()
+  assert MARK in mine and MARK not in other["text"]
 
 
-def test_swap_psum_same_instance_reentered():
+def test_same_instance_reentered_and_shared_by_threads():
+  mesh = mesh_of((2,), ("x",))
+  x = _sharded(mesh, random_input(np.random.default_rng(6), (2, 8), np.float32))
+  f, _ = _counting_step(mesh)
   s = jax_llar.swap_psum()
   with s:
     with s:
-      assert _takes_llar()
-      assert swap._swapped.value is True  # pylint: disable=protected-access
-    assert _takes_llar()
-    assert swap._swapped.value is True  # pylint: disable=protected-access
-  assert jax.lax.psum is swap._original  # pylint: disable=protected-access
-  assert swap._swapped.value is False  # pylint: disable=protected-access
+      assert MARK in f.lower(x).as_text()
+    assert MARK in f.lower(x).as_text()
+  assert MARK not in f.lower(x).as_text()
+  barrier = threading.Barrier(2)
+  texts = []
+
+  def worker():
+    with s:
+      barrier.wait()
+      texts.append(f.lower(x).as_text())
+      barrier.wait()
+
+  threads = [threading.Thread(target=worker) for _ in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert len(texts) == 2 and all(MARK in t for t in texts)
+  assert MARK not in f.lower(x).as_text()
 
 
-def test_other_thread_traces_lax_psum_while_a_block_is_active():
-  """While thread A holds a block open, a function jitted and traced in
-  another thread (outside any block) takes JAX's psum: the attribute agrees
-  with that thread's cache key, so the cached trace is JAX's for good."""
+def test_install_swaps_every_psum_and_changes_the_cache_key():
   mesh = mesh_of((2,), ("x",))
-  x = random_input(np.random.default_rng(35), (2, 3), np.float32)
-  entered, done = threading.Event(), threading.Event()
+  x = _sharded(mesh, random_input(np.random.default_rng(7), (2, 8), np.float32))
+  f, traces = _counting_step(mesh)
+  want = np.asarray(f(x))
+  assert _log() == [] and not jax_llar.installed()
+  jax_llar.install()
+  assert jax_llar.installed() and jax_llar.status()["swap"]["installed"]
+  assert_bitwise(np.asarray(f(x)), want)
+  assert len(traces) == 2  # compiled before install(): traced again
+  assert _log() == [("install", "platform", Algorithm.ONE_SHOT_LL)]
+  jax_llar.uninstall()
+  jax_llar.clear_dispatch_log()
+  f(x)
+  assert len(traces) == 2 and _log() == []  # the executable from before
 
-  def hold_block():
-    with jax_llar.swap_psum():
-      entered.set()
-      done.wait(30)
 
-  t = threading.Thread(target=hold_block)
-  t.start()
+def test_region_off_keeps_jax_psums_under_install():
+  mesh = mesh_of((2,), ("x",))
+  x = _sharded(mesh, random_input(np.random.default_rng(8), (2, 8), np.float32))
+  jax_llar.install()
+
+  @jax.jit
+  def step(v):
+    def body(s):
+      with jax_llar.swap_psum(False):
+        a = lax.psum(s, "x")            # stays JAX's
+        b = jax_llar.psum(s * 2, "x")   # the explicit call still asks
+      return a + b + lax.psum(s * 3, "x")  # installed
+    return jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P())(v)
+
+  step(x)
+  assert sorted(d.source for d in jax_llar.dispatch_log()) == ["install", "psum"]
+
+
+@pytest.mark.parametrize("what", ["constant", "bool", "int32", "axis_index_groups"])
+def test_psums_the_policy_refuses_inside_a_region(what):
+  """Inside a region, psums the fast path does not serve are JAX's, with the
+  reason recorded (constants never reach a lowering)."""
+  mesh = mesh_of((4,), ("x",))
+  rng = np.random.default_rng(9)
+  x = _sharded(mesh, random_input(rng, (4, 8), np.float32))
+  fns = {
+      "constant": lambda v: v + lax.psum(3.0, "x"),
+      "bool": lambda v: lax.psum(v > 0, "x").astype(v.dtype),
+      "int32": lambda v: lax.psum(v.astype(np.int32), "x").astype(v.dtype),
+      "axis_index_groups": lambda v: lax.psum(v, "x",
+                                              axis_index_groups=[[0, 1], [2, 3]]),
+  }
+  run = jax.jit(jax.shard_map(fns[what], mesh=mesh, in_specs=P("x"),
+                              out_specs=P("x"), check_vma=False))
+  want = np.asarray(run(x))
+  with jax_llar.swap_psum():
+    got = np.asarray(run(x))
+  assert_bitwise(got, want)
+  reasons = {"constant": [], "bool": ["dtype"], "int32": ["dtype"],
+             "axis_index_groups": ["axis_index_groups"]}[what]
+  assert [d.reason for d in jax_llar.dispatch_log()] == reasons
+  if what == "axis_index_groups":
+    assert jax_llar.dispatch_log()[0].world_size == 2
+
+
+def test_swap_from_the_environment():
+  code = "import jax_llar; print(jax_llar.installed())"
+  for value, want in (("1", "True"), ("0", "False"), ("", "False")):
+    env = dict(user_env(), JAX_LLAR_SWAP=value, JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    assert out == want, (value, out)
+  env = dict(user_env(), JAX_LLAR_SWAP="maybe", JAX_PLATFORMS="cpu")
+  p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                     text=True)
+  assert p.returncode != 0 and "JAX_LLAR_SWAP" in p.stderr
+
+
+def test_lowering_rules_are_registered_and_wrap_jax():
+  rules = jax_llar.status()["swap"]["lowering_rules"]
+  assert rules == {"psum": True, "psum_invariant": True}
+  from jax._src.interpreters import mlir  # pylint: disable=g-import-not-at-top
+  from jax._src.lax import parallel  # pylint: disable=g-import-not-at-top
+  for prim in (parallel.psum_p, parallel.psum_invariant_p):
+    rule = mlir._lowerings[prim].rule  # pylint: disable=protected-access
+    assert rule.__name__ == f"jax_llar_{prim.name}_lowering"
+    wrapped = getattr(rule.wrapped, "func", rule.wrapped)  # JAX's may be a partial
+    assert wrapped.__module__ == "jax._src.lax.parallel", rule.wrapped
+  assert swap.MARK_KEY == "jax_llar"
+
+
+def test_unmarked_psum_lowers_exactly_as_jax():
+  """With jax_llar imported and nothing requested, a psum's lowering is the
+  wrapped rule's, unchanged (compared with the rule JAX registered)."""
+  mesh = mesh_of((2,), ("x",))
+  x = _sharded(mesh, random_input(np.random.default_rng(10), (2, 8), np.float32))
+  f = jax.jit(jax.shard_map(lambda v: lax.psum(v, "x"), mesh=mesh,
+                            in_specs=P("x"), out_specs=P()))
+  from jax._src.interpreters import mlir  # pylint: disable=g-import-not-at-top
+  from jax._src.lax import parallel  # pylint: disable=g-import-not-at-top
+  ours = f.lower(x).as_text()
+  saved = {p: mlir._lowerings[p] for p in (parallel.psum_p, parallel.psum_invariant_p)}  # pylint: disable=protected-access
   try:
-    assert entered.wait(30)
-    step = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh,
-                                 in_specs=P("x"), out_specs=P()))
-    got = np.asarray(step(x))
-    assert jax_llar.dispatch_log() == []  # no jax_llar decision for it
+    for p, entry in saved.items():
+      mlir._lowerings[p] = type(entry)(entry.rule.wrapped, entry.inline)  # pylint: disable=protected-access
+    jax.clear_caches()
+    theirs = f.lower(x).as_text()
   finally:
-    done.set()
-    t.join(30)
-  assert not t.is_alive()
-  assert jax.lax.psum is swap._original  # pylint: disable=protected-access
-  text = str(jax.make_jaxpr(step)(x))  # the cached trace, outside the block
-  assert "psum_invariant" in text and "llar_psum" not in text, text
-  assert jax_llar.dispatch_log() == []
-  assert_bitwise(got, shard_psum(lax.psum, mesh, "x", x)[0:1])
-
-
-def test_reference_taken_inside_a_block_keeps_dispatching():
-  """``from jax.lax import psum`` inside a block gets the dispatcher: JAX's
-  psum outside every block, jax_llar's inside one."""
-  mesh = mesh_of((2,), ("x",))
-  x = random_input(np.random.default_rng(36), (2, 3), np.float32)
-  with jax_llar.swap_psum():
-    from jax.lax import psum as kept  # pylint: disable=g-import-not-at-top
-  assert kept is swap._dispatch  # pylint: disable=protected-access
-
-  def text():
-    return str(jax.make_jaxpr(jax.shard_map(
-        lambda v: kept(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P()))(x))
-
-  assert "psum_invariant" in text() and "llar_psum" not in text()
-  with jax_llar.swap_psum():
-    assert "llar_psum" in text()
+    mlir._lowerings.update(saved)  # pylint: disable=protected-access
+    jax.clear_caches()
+  assert ours == theirs
+  assert os.environ.get("JAX_LLAR_SWAP", "") in ("", "0")
