@@ -47,23 +47,29 @@ class Event(NamedTuple):
     name: event name (for a kernel, its name as the profiler reports it).
     ts: start, microseconds on the trace's clock.
     dur: duration, microseconds (0 for instant events).
+    stats: the event's statistics as (name, value) string pairs (XLA puts
+      the HLO op, its module and the op's metadata name there); empty
+      unless read with ``stats=True``.
   """
   process: str
   thread: str
   name: str
   ts: float
   dur: float
+  stats: tuple[tuple[str, str], ...] = ()
 
 
-def events_from_profile(data: Any) -> list[Event]:
+def events_from_profile(data: Any, *, stats: bool = False) -> list[Event]:
   """Flattens a ``jax.profiler.ProfileData`` into `Event`s (planes, lines,
-  events; nanoseconds become microseconds)."""
+  events; nanoseconds become microseconds), with each event's statistics
+  when `stats`."""
   out = []
   for plane in data.planes:
     for line in plane.lines:
       for e in line.events:
+        st = (tuple((str(k), str(v)) for k, v in e.stats) if stats else ())
         out.append(Event(str(plane.name), str(line.name), str(e.name),
-                         float(e.start_ns) / 1e3, float(e.duration_ns) / 1e3))
+                         float(e.start_ns) / 1e3, float(e.duration_ns) / 1e3, st))
   return out
 
 
@@ -73,8 +79,9 @@ def find_xplane(trace_dir: str) -> str | None:
   return max(paths, key=os.path.getmtime) if paths else None
 
 
-def read(trace_dir: str) -> list[Event]:
-  """Events of the trace that ``jax.profiler.trace(trace_dir)`` wrote.
+def read(trace_dir: str, *, stats: bool = False) -> list[Event]:
+  """Events of the trace that ``jax.profiler.trace(trace_dir)`` wrote (with
+  their statistics when `stats`).
 
   Raises:
     FileNotFoundError: when `trace_dir` holds no ``.xplane.pb`` file.
@@ -83,7 +90,7 @@ def read(trace_dir: str) -> list[Event]:
   path = find_xplane(trace_dir)
   if path is None:
     raise FileNotFoundError(f"no .xplane.pb file under {trace_dir}")
-  return events_from_profile(ProfileData.from_file(path))
+  return events_from_profile(ProfileData.from_file(path), stats=stats)
 
 
 def profile(fn: Callable[..., Any], *args: Any, calls: int = 3) -> list[Event]:
