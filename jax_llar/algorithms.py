@@ -81,4 +81,5 @@ LARGEST_MAX_BYTES = max(MAX_BYTES.values())
 # Element types the kernels reduce (reduce.cuh: one packing and accumulation
 # rule per dtype). Every algorithm serves all of them.
 SUPPORTED_DTYPES: tuple[np.dtype, ...] = (
-    np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
+    np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16),
+    np.dtype(np.int32))

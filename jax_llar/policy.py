@@ -94,7 +94,7 @@ def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
 
   The reasons are checked in this order, so that the first one says what
   matters most for the psum itself:
-    "dtype"       `dtype` is not float32, bfloat16 or float16;
+    "dtype"       `dtype` is not float32, bfloat16, float16 or int32;
     "empty"       no payload (`bytes_per_rank` is 0);
     "mesh"        the number of ranks is unknown (`num_ranks` is 0: the
                   lowering saw no concrete mesh);

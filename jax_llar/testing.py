@@ -38,7 +38,13 @@ def round_from_f64(x: np.ndarray, dtype) -> np.ndarray:
 
 
 def rank_order_sum(inputs: Sequence[np.ndarray], dtype) -> np.ndarray:
-  """float64 sum of `inputs` in rank order (rank 0 first), rounded once."""
+  """float64 sum of `inputs` in rank order (rank 0 first), rounded once; for
+  int32 the exact sum modulo 2^32 (as XLA's int32 addition wraps)."""
+  if np.dtype(dtype) == np.dtype(np.int32):
+    acc = np.zeros(np.shape(inputs[0]), np.int64)
+    for x in inputs:
+      acc = acc + np.asarray(x).astype(np.int64)
+    return (acc & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
   with np.errstate(over="ignore", invalid="ignore"):  # inf + -inf is NaN, as on the GPU
     acc = np.asarray(inputs[0]).astype(np.float64)
     for x in inputs[1:]:
@@ -67,5 +73,8 @@ def bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
 
 def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
   """Standard-normal data of `shape` in `dtype`, rounded through float32
-  (never all zeros: the input rule of benchmarks/METHOD.md)."""
+  (never all zeros: the input rule of benchmarks/METHOD.md); for int32,
+  integers over the whole range (sums wrap)."""
+  if np.dtype(dtype) == np.dtype(np.int32):
+    return rng.integers(-2**31, 2**31, size=shape, dtype=np.int64).astype(np.int32)
   return rng.standard_normal(shape).astype(np.float32).astype(dtype)

@@ -53,7 +53,7 @@ def _decide(ctx, aval, axes, platform="cuda"):
 def test_readme_quickstart_on_cpu_records_what_a_gpu_would_do():
   """The README's quickstart on a 2-device CPU mesh: the decision carries
   the number of ranks, the payload and the algorithm CUDA GPUs would run;
-  an int32 psum says "dtype", as it would on GPUs."""
+  an int16 psum says "dtype", as it would on GPUs."""
   mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
 
   @jax.jit
@@ -69,10 +69,10 @@ def test_readme_quickstart_on_cpu_records_what_a_gpu_would_do():
   assert (d.candidate, d.algorithm, d.fast, d.impl) == (
       ONE_SHOT_LL, None, False, "lax.psum")
   assert "CUDA-only" in d.detail and "one_shot_ll" in d.detail
-  step(jax.numpy.ones((2 * 1024,), jax.numpy.int32))
+  step(jax.numpy.ones((2 * 1024,), jax.numpy.int16))
   d = jax_llar.dispatch_log()[-1]
   assert (d.reason, d.world_size, d.bytes_per_rank, d.dtype, d.candidate) == (
-      "dtype", 2, 4096, "int32", None)
+      "dtype", 2, 2048, "int16", None)
 
 
 def test_cpu_lowering_logs_platform_fallback(caplog):
@@ -105,7 +105,7 @@ def test_decide_records_the_facts_whatever_the_reason(platform, monkeypatch):
   mesh before any check."""
   ctx = _ctx()
   cases = {  # reason: (ctx, aval, axes)
-      "dtype": (ctx, _aval((5, 3), np.int32), ("a", "b")),
+      "dtype": (ctx, _aval((5, 3), np.int16), ("a", "b")),
       "empty": (ctx, _aval((0, 3)), ("b",)),
       "mesh": (None, _aval((5, 3)), ("b",)),
       "world_size": (_ctx((1, 2)), _aval((5, 3)), ("a",)),
@@ -113,7 +113,7 @@ def test_decide_records_the_facts_whatever_the_reason(platform, monkeypatch):
       "platform": (ctx, _aval((5, 3), BF16), ("a", "b")),
   }
   want = {  # reason: (bytes per rank, number of ranks, candidate)
-      "dtype": (60, 8, None), "empty": (0, 4, None), "mesh": (60, 0, None),
+      "dtype": (30, 8, None), "empty": (0, 4, None), "mesh": (60, 0, None),
       "world_size": (60, 1, None),
       "size": (llar_settings.max_bytes + 4, 2, None),
       "platform": (30, 8, ONE_SHOT_LL),
@@ -155,17 +155,17 @@ def test_decide_reasons_and_order(monkeypatch):
   ctx, axes = _ctx(), ("b",)
   # The policy before the environment: disabled, but an unsupported dtype.
   monkeypatch.setattr(llar_settings, "disabled", True)
-  d = _decide(ctx, _aval((4,), np.int32), axes)
+  d = _decide(ctx, _aval((4,), np.int16), axes)
   assert (d.impl, d.reason) == ("lax.psum", "dtype")
   d = _decide(ctx, _aval((4,)), axes)
   assert (d.impl, d.reason, d.candidate) == ("lax.psum", "disabled", ONE_SHOT_LL)
   monkeypatch.setattr(llar_settings, "disabled", False)
   # dtype before empty; empty before the mesh.
-  assert _decide(ctx, _aval((0,), np.int32), axes).reason == "dtype"
-  for dt in (np.int32, np.bool_, np.float64, np.int8, np.complex64,
+  assert _decide(ctx, _aval((0,), np.int16), axes).reason == "dtype"
+  for dt in (np.int16, np.bool_, np.float64, np.int8, np.complex64,
              ml_dtypes.float8_e4m3fn):
     assert _decide(ctx, _aval((4,), dt), axes).reason == "dtype"
-  for dt in (np.float32, BF16, np.float16):
+  for dt in (np.float32, BF16, np.float16, np.int32):
     assert _decide(None, _aval((3, 0), dt), axes).reason == "empty"
   # no SPMD axis context, or an abstract mesh: "mesh".
   assert _decide(None, _aval((4,)), axes).reason == "mesh"
@@ -221,7 +221,7 @@ def test_each_fallback_reason_logged_once(caplog, monkeypatch):
     monkeypatch.setattr(llar_settings, "disabled", True)
     out = [_decide(ctx, _aval((4,)), axes)]
     monkeypatch.setattr(llar_settings, "disabled", False)
-    out += [_decide(ctx, _aval((4,), np.int32), axes),
+    out += [_decide(ctx, _aval((4,), np.int16), axes),
             _decide(ctx, _aval((0,)), axes),
             _decide(None, _aval((4,)), axes),
             _decide(_ctx((1, 2)), _aval((4,)), ("a",)),
@@ -345,7 +345,7 @@ def test_decide_gpu_branches(fake_extension):
   assert len(fake_extension.created) == 1
   assert _decide(ctx, _aval((limit // 2 + 1,), np.float16),
                  axes).reason == "size"
-  d = _decide(ctx, _aval((4,), np.int32), axes)
+  d = _decide(ctx, _aval((4,), np.int16), axes)
   assert (d.reason, d.algorithm, d.fast) == ("dtype", None, False)
   # more ranks than the kernels serve.
   d = _decide(gpu_ctx((17,), ("x",)), _aval((4,)), ("x",))
@@ -459,7 +459,7 @@ def test_cuda_lowering_on_cpu_devices_falls_back():
   log_ = jax_llar.dispatch_log()
   assert [(d.impl, d.reason, d.world_size, d.candidate) for d in log_] == [
       ("lax.psum", "platform", 2, ONE_SHOT_LL)]
-  text = _cuda_text(jax_llar.psum, x.astype(np.int32), mesh)
+  text = _cuda_text(jax_llar.psum, x.astype(np.int16), mesh)
   assert "jax_llar_all_reduce" not in text and "stablehlo.all_reduce" in text
   assert jax_llar.dispatch_log()[-1].reason == "dtype"
 

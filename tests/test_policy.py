@@ -43,7 +43,8 @@ def test_algorithm_names_and_ids():
     Algorithm.from_short_name("two_shot")
   assert MAX_BYTES == {ONE_SHOT_LL: 262144} and LARGEST_MAX_BYTES == 262144
   assert MAX_RANKS == 16
-  assert SUPPORTED_DTYPES == (np.dtype(np.float32), BF16, np.dtype(np.float16))
+  assert SUPPORTED_DTYPES == (np.dtype(np.float32), BF16, np.dtype(np.float16),
+                              np.dtype(np.int32))
 
 
 def test_tuning_table_is_well_formed():
@@ -143,10 +144,10 @@ def test_size_without_a_tuning_entry():
 # --- reasons and their order ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [np.int32, np.int8, np.uint32, np.int64,
+@pytest.mark.parametrize("dtype", [np.int16, np.int8, np.uint32, np.int64,
                                    np.float64, np.complex64, np.bool_,
                                    ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2,
-                                   "int32", "not a dtype"],
+                                   "int16", "not a dtype"],
                          ids=str)
 def test_dtype(dtype):
   c = choose(dtype, 64, 2, max_bytes=CAP)
@@ -157,7 +158,7 @@ def test_dtype(dtype):
 def test_every_reason():
   f32 = np.float32
   expect = {
-      "dtype": (np.int32, 64, 2),
+      "dtype": (np.int16, 64, 2),
       "empty": (f32, 0, 2),
       "mesh": (f32, 64, 0),
       "world_size": (f32, 64, 1),
@@ -178,7 +179,7 @@ def test_every_reason():
 def test_order_of_reasons():
   """Each reason wins over every reason after it: an input that fails
   checks i..5 gives reason i."""
-  f32, i32 = np.float32, np.int32
+  f32, i32 = np.float32, np.int16  # i32: a dtype no kernel serves
   big = CAP + 4
   # dtype before empty, mesh, world_size and size.
   assert _reason(i32, 0, 0) == "dtype"

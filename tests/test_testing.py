@@ -105,3 +105,14 @@ def test_random_array():
   a = testing.random_array(np.random.default_rng(5), (8,), np.float32)
   b = testing.random_array(np.random.default_rng(5), (8,), np.float32)
   assert testing.bitwise_equal(a, b)  # a seed gives the same data
+
+
+def test_rank_order_sum_int32_wraps_like_xla():
+  a = np.array([2**31 - 1, -2**31, 5, -7], np.int32)
+  b = np.array([1, -1, 2**31 - 1, 3], np.int32)
+  got = testing.rank_order_sum([a, b, b], np.int32)
+  want = (a.astype(np.int64) + 2 * b.astype(np.int64)).astype(np.uint64) & 0xFFFFFFFF
+  assert got.dtype == np.int32
+  np.testing.assert_array_equal(got.view(np.uint32), want.astype(np.uint32))
+  x = testing.random_array(np.random.default_rng(0), (1000,), np.int32)
+  assert x.dtype == np.int32 and x.min() < -2**30 and x.max() > 2**30

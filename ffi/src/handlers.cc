@@ -39,6 +39,7 @@ bool ToDType(ffi::DataType t, DType* out) {
     case ffi::DataType::F32: *out = DType::kF32; return true;
     case ffi::DataType::BF16: *out = DType::kBF16; return true;
     case ffi::DataType::F16: *out = DType::kF16; return true;
+    case ffi::DataType::S32: *out = DType::kI32; return true;
     default: return false;
   }
 }

@@ -27,6 +27,7 @@ ncclDataType_t NcclType(DType d) {
     case DType::kF32: return ncclFloat32;
     case DType::kBF16: return ncclBfloat16;
     case DType::kF16: return ncclFloat16;
+    case DType::kI32: return ncclInt32;
   }
   return ncclFloat32;
 }
@@ -98,7 +99,8 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const KernelBenchSpec& spec, D
                                  int iters, int reps) {
   OneShotPlan plan;
   const Kind kind = ParseSpec(spec, &plan);
-  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16 &&
+      dtype != DType::kI32) {
     BadArgument("unknown dtype code " + std::to_string(static_cast<int>(dtype)));
   }
   if (iters < 1 || reps < 1) BadArgument("iters and reps must be positive");
@@ -111,7 +113,7 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const KernelBenchSpec& spec, D
   for (const auto& x : inputs) {
     if (x.size() != bytes) BadArgument("the inputs differ in size");
   }
-  const size_t elem = dtype == DType::kF32 ? 4 : 2;
+  const size_t elem = (dtype == DType::kF32 || dtype == DType::kI32) ? 4 : 2;
   if (kind == Kind::kOneShotLL && bytes > kOneShotMaxBytes) {
     BadArgument("larger than the one-shot limit");
   }

@@ -47,6 +47,7 @@ NB_MODULE(_llar_tools, m) {
   dtype_codes["float32"] = static_cast<int>(llar::DType::kF32);
   dtype_codes["bfloat16"] = static_cast<int>(llar::DType::kBF16);
   dtype_codes["float16"] = static_cast<int>(llar::DType::kF16);
+  dtype_codes["int32"] = static_cast<int>(llar::DType::kI32);
   m.attr("DTYPE_CODES") = dtype_codes;
 
   m.def(

@@ -26,7 +26,9 @@ from jax_llar import testing
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
 F16 = np.dtype(np.float16)
-DTYPES = [F32, BF16, F16]
+DTYPES = [F32, BF16, F16]  # the float dtypes
+I32 = np.dtype(np.int32)
+ALL_DTYPES = DTYPES + [I32]  # every dtype the kernels serve
 PROGRAMS = pathlib.Path(__file__).parent / "programs"
 
 _FNS: dict = {}

@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import jax_llar
 from jax_llar import testing
 
-from gpu_helpers import (BF16, DTYPES, F32, allreduce_per_rank, check_allreduce, fast,
+from gpu_helpers import (ALL_DTYPES, BF16, DTYPES, F32, allreduce_per_rank, check_allreduce, fast,
                          took_fast_path)
 
 
@@ -35,7 +35,7 @@ def _counts(dtype):
   return sorted(counts)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_f2_random_values_all_sizes(mesh, dtype):
   rng = np.random.default_rng(1)
   for n in _counts(dtype):
@@ -43,7 +43,7 @@ def test_f2_random_values_all_sizes(mesh, dtype):
     assert check_allreduce(mesh, inputs, dtype), f"n={n}: fast path not taken"
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
 def test_f2_above_limit_falls_back(mesh, dtype):
   n = 256 * 1024 // dtype.itemsize + 8 // dtype.itemsize
   rng = np.random.default_rng(2)

@@ -63,7 +63,7 @@ LLAR_HOST_DEVICE constexpr std::size_t ScratchOffset(int half, int block,
 static_assert(ScratchBytes(kMaxRanks) <= (std::size_t(1) << 31),
               "ScratchOffset's 32-bit arithmetic");
 
-enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
 
 // The FFI attribute `algorithm`; the execute handler's launcher table
 // (kernels/kernels.h) is indexed by it.

@@ -22,6 +22,10 @@
 // The accumulator starts from rank 0's value, not from +0.0, so -0.0 + -0.0
 // stays -0.0.
 //
+// int32 sums are exact modulo 2^32 (accumulated in uint32_t, which wraps by
+// definition), so every order gives the reference's result, which wraps as
+// XLA's int32 addition does.
+//
 // No fast-math: conversions keep subnormals (no flush to zero) and NaN stays
 // NaN (its payload may be canonicalised by the add).
 #ifndef LLAR_REDUCE_CUH_
@@ -37,23 +41,29 @@
 
 namespace llar {
 
-// Adds in the accumulator's precision with round-to-nearest-even, never fused.
+// Adds in the accumulator's precision with round-to-nearest-even, never fused;
+// for uint32_t (the int32 accumulator) the sum modulo 2^32.
 __device__ __forceinline__ float AddRn(float a, float b);
 __device__ __forceinline__ double AddRn(double a, double b);
+__device__ __forceinline__ uint32_t AddRn(uint32_t a, uint32_t b);
 
-// Payload<T> (float, __nv_bfloat16, __half) packs kPerLine elements of T in
+// Payload<T> (float, __nv_bfloat16, __half, int32_t) packs kPerLine elements of T in
 // the 8 payload bytes of a line:
 //   static constexpr int kPerLine;
 //   template <typename Acc> static void Unpack(uint2 p, Acc (&v)[kPerLine]);
-//       exact: every element is representable in Acc (float or double)
+//       exact: every element is representable in Acc (float or double;
+//       uint32_t for int32_t, the same bits)
 //   template <typename Acc> static uint2 Pack(const Acc (&v)[kPerLine]);
 //       rounds each element once, to nearest even
 template <typename T>
 struct Payload;
 
-// The accumulator for a world size known at compile time (0: run time).
-template <int kWorld>
-using AccumulatorFor = std::conditional_t<kWorld == 2, float, double>;
+// The accumulator of T for a world size known at compile time (0: run time):
+// float for two ranks, double otherwise; uint32_t for int32_t.
+template <typename T, int kWorld>
+using AccumulatorFor =
+    std::conditional_t<std::is_same_v<T, int32_t>, uint32_t,
+                       std::conditional_t<kWorld == 2, float, double>>;
 
 // Fixed-order accumulation: rank 0 initialises, ranks 1.. add in order.
 template <typename T, typename Acc>

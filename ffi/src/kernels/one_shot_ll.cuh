@@ -14,7 +14,7 @@
 // is 8 payload bytes; a 4 KiB tensor is 512 lines (grid rule: OneShotGridFor).
 //
 // Template parameters:
-//   T        float, __nv_bfloat16 or __half.
+//   T        float, __nv_bfloat16, __half or int32_t.
 //   kWorld   2, 4 or 8: the number of ranks known at compile time (loops
 //            unrolled, peer addresses loaded with the first loads, float
 //            accumulation for 2 ranks, see reduce.cuh); 0: any number of
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotLLKernel(const AllReduceAr
 
   if (active) {
     // Receive and reduce in rank order; store.
-    RankOrderSum<T, AccumulatorFor<kWorld>> sum;
+    RankOrderSum<T, AccumulatorFor<T, kWorld>> sum;
 #pragma unroll kUnroll
     for (int src = 0; src < ll.world(); ++src) {
       uint2 p = mine;
@@ -109,6 +109,7 @@ struct OneShotLLKernels {
       case DType::kF32: return ForWorld<float>(world);
       case DType::kBF16: return ForWorld<__nv_bfloat16>(world);
       case DType::kF16: return ForWorld<__half>(world);
+      case DType::kI32: return ForWorld<int32_t>(world);
     }
     return nullptr;
   }
@@ -138,7 +139,7 @@ struct OneShotLLKernels {
   // Loads every kernel of the variant on the current device.
   static cudaError_t Preload() {
     cudaFuncAttributes attr;
-    for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
       for (int world : {0, kWorlds...}) {
         const cudaError_t e =
             cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(For(d, world)));

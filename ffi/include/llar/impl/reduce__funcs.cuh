@@ -15,6 +15,22 @@ namespace llar {
 
 __device__ __forceinline__ float AddRn(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ double AddRn(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ uint32_t AddRn(uint32_t a, uint32_t b) { return a + b; }
+
+template <>
+struct Payload<int32_t> {
+  static constexpr int kPerLine = 2;
+  template <typename Acc>
+  __device__ __forceinline__ static void Unpack(uint2 p, Acc (&v)[kPerLine]) {
+    static_assert(std::is_same_v<Acc, uint32_t>, "int32 accumulates in uint32_t");
+    v[0] = p.x;
+    v[1] = p.y;
+  }
+  template <typename Acc>
+  __device__ __forceinline__ static uint2 Pack(const Acc (&v)[kPerLine]) {
+    return {v[0], v[1]};
+  }
+};
 
 template <>
 struct Payload<float> {
