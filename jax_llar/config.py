@@ -16,6 +16,10 @@ Environment variables:
                             process must restart). Fixed per communicator set
                             when the set is created (first fast-path lowering
                             for a device layout).
+  JAX_LLAR_ALGORITHM=NAME   "auto" (default: the tuning table decides) or an
+                            algorithm's short name (``jax_llar.Algorithm``,
+                            e.g. "one_shot_ll"): that algorithm serves every
+                            psum it can, whatever the table says.
   JAX_LLAR_MAX_BYTES=N      largest per-rank payload (bytes) given to the fast
                             path, 0 .. 262144 (default and cap: the largest
                             payload any algorithm serves,
@@ -28,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from jax_llar.algorithms import LARGEST_MAX_BYTES
+from jax_llar.algorithms import LARGEST_MAX_BYTES, Algorithm
 
 # The cap of max_bytes (bytes per rank).
 MAX_BYTES_CAP = LARGEST_MAX_BYTES
@@ -73,6 +77,8 @@ class Settings:
       device layout and kept).
     max_bytes: largest per-rank payload in bytes for the fast path,
       0 .. 262144 (0 sends every psum to lax.psum).
+    algorithm: "auto" (the tuning table decides) or the short name of the
+      algorithm that serves every psum it can (``forced()`` gives it).
 
   Raises:
     ValueError: on assignment of an out-of-range value.
@@ -80,8 +86,13 @@ class Settings:
   disabled: bool = False
   timeout_ms: int = 30_000
   max_bytes: int = MAX_BYTES_CAP
+  algorithm: str = "auto"
 
   def __setattr__(self, name, value):
+    if name == "algorithm":
+      names = ["auto"] + [a.short_name for a in Algorithm]
+      if value not in names:
+        raise ValueError(f"algorithm must be one of {names}, got {value!r}")
     if name == "timeout_ms" and (not isinstance(value, int) or value <= 0):
       raise ValueError(f"timeout_ms must be a positive int (milliseconds), got {value!r}")
     if name == "max_bytes" and (not isinstance(value, int) or
@@ -91,6 +102,12 @@ class Settings:
       value = bool(value)
     super().__setattr__(name, value)
 
+  def forced(self) -> Algorithm | None:
+    """The algorithm `algorithm` names, or None for "auto"."""
+    if self.algorithm == "auto":
+      return None
+    return Algorithm.from_short_name(self.algorithm)
+
 
 def _from_env() -> Settings:
   try:
@@ -99,6 +116,7 @@ def _from_env() -> Settings:
         timeout_ms=_env_int("JAX_LLAR_TIMEOUT_MS", 30_000),
         max_bytes=min(_env_int("JAX_LLAR_MAX_BYTES", MAX_BYTES_CAP),
                       MAX_BYTES_CAP),
+        algorithm=os.environ.get("JAX_LLAR_ALGORITHM", "").strip() or "auto",
     )
   except ValueError as e:
     raise ValueError(f"jax_llar settings from the environment: {e}") from None

@@ -186,7 +186,8 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
     return record("axis_index_groups", "psum with axis_index_groups is lax.psum's")
   if len(named) != len(axes):
     return record("positional_axes", "psum over positional axes is lax.psum's")
-  choice = policy.choose(dtype, nbytes, world, max_bytes=settings.max_bytes)
+  choice = policy.choose(dtype, nbytes, world, max_bytes=settings.max_bytes,
+                         force=settings.forced())
   if choice.algorithm is None:
     return record(choice.reason, choice.detail)
   candidate = choice.algorithm

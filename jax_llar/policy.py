@@ -88,7 +88,8 @@ def entry_for(num_ranks: int, bytes_per_rank: int,
 
 
 def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
-           table: Sequence[TuningEntry] = TUNING_TABLE) -> Choice:
+           table: Sequence[TuningEntry] = TUNING_TABLE,
+           force: Algorithm | None = None) -> Choice:
   """Chooses the algorithm for an all-reduce of `bytes_per_rank` bytes of
   `dtype` on each of `num_ranks` ranks, or says why lax.psum serves it.
 
@@ -100,8 +101,9 @@ def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
                   lowering saw no concrete mesh);
     "world_size"  fewer than 2 or more than MAX_RANKS ranks;
     "size"        more than `max_bytes` bytes per rank, or no entry of
-                  `table` covers (num_ranks, bytes_per_rank);
-    "fast_path"   the first covering entry's algorithm.
+                  `table` covers (num_ranks, bytes_per_rank), or more
+                  than the forced algorithm serves;
+    "fast_path"   the forced algorithm, else the first covering entry's.
 
   Args:
     dtype: element type (anything ``np.dtype`` accepts; other objects, such
@@ -110,6 +112,9 @@ def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
     num_ranks: ranks per replica group; 0 when unknown.
     max_bytes: the user's cap on bytes per rank (``settings.max_bytes``).
     table: the tuning table (default: TUNING_TABLE).
+    force: an algorithm to use instead of the table's choice wherever it
+      can serve the psum (``settings.algorithm``, ``JAX_LLAR_ALGORITHM``);
+      its own size limit (MAX_BYTES) and `max_bytes` still apply.
 
   Returns:
     A Choice; never raises for an unsupported psum.
@@ -139,6 +144,13 @@ def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
   if bytes_per_rank > max_bytes:
     return Choice(None, "size", f"more than {max_bytes} bytes per rank (the "
                   "size cap, JAX_LLAR_MAX_BYTES)")
+  if force is not None:
+    if bytes_per_rank > MAX_BYTES[force]:
+      return Choice(None, "size", f"more than {MAX_BYTES[force]} bytes per "
+                    f"rank, the most {force.short_name} serves (forced by "
+                    "JAX_LLAR_ALGORITHM)")
+    return Choice(force, "fast_path", f"{force.short_name} over {num_ranks} "
+                  "ranks (forced by JAX_LLAR_ALGORITHM)")
   entry = entry_for(num_ranks, bytes_per_rank, table)
   if entry is None:
     return Choice(None, "size", f"no tuning entry for {num_ranks} ranks and "

@@ -10,6 +10,9 @@ extension loader's checks that need no GPU (``jax_llar._ext``: the tested
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import types
 
 import jax
@@ -226,3 +229,18 @@ def test_status_versions_are_readable():
   if s["nccl_compiled"] is not None:
     assert v["nccl_compiled"] == _ext.nccl_version_string(s["nccl_compiled"])
   assert _ext.nccl_version_string(22809) == "2.28.9"
+
+
+def test_algorithm_setting_from_the_environment():
+  code = ("from jax_llar.config import settings; "
+          "print(settings.algorithm, repr(settings.forced()))")
+  for value, want in (("", "auto None"), ("auto", "auto None"),
+                      ("one_shot_ll", "one_shot_ll Algorithm.ONE_SHOT_LL")):
+    env = dict(os.environ, JAX_LLAR_ALGORITHM=value)
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    assert out == want, (value, out)
+  env = dict(os.environ, JAX_LLAR_ALGORITHM="two_shot_maybe")
+  p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                     text=True)
+  assert p.returncode != 0 and "algorithm must be one of" in p.stderr

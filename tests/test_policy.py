@@ -222,3 +222,37 @@ def test_policy_is_pure():
         modules.add(node.module or "")
     assert modules <= {"__future__", "dataclasses", "enum", "typing", "numpy",
                        "ml_dtypes", "jax_llar.algorithms"}, (name, modules)
+
+
+# --- a forced algorithm and the thresholds ---------------------------------------
+
+
+def test_forced_algorithm_serves_what_it_can():
+  one = Algorithm.ONE_SHOT_LL
+  limit = MAX_BYTES[one]
+  c = choose(np.float32, 64, 2, max_bytes=CAP, force=one)
+  assert (c.algorithm, c.reason) == (one, "fast_path") and "forced" in c.detail
+  assert choose(np.float32, limit, 9, max_bytes=CAP, force=one).algorithm == one
+  c = choose(np.float32, limit + 4, 2, max_bytes=limit + 4, force=one)
+  assert (c.algorithm, c.reason) == (None, "size") and "JAX_LLAR_ALGORITHM" in c.detail
+  # Forcing never overrides the psum's own reasons or the user's cap.
+  assert choose(np.int16, 64, 2, max_bytes=CAP, force=one).reason == "dtype"
+  assert choose(np.float32, 64, 1, max_bytes=CAP, force=one).reason == "world_size"
+  assert choose(np.float32, 64, 2, max_bytes=32, force=one).reason == "size"
+
+
+@pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=DTYPE_IDS)
+@pytest.mark.parametrize("ranks", [2, 3, 8, 16])
+def test_decision_one_element_around_each_threshold(dtype, ranks):
+  """One element below, at and one above every size threshold of the table
+  (the entries' max_bytes) and of the cap."""
+  item = np.dtype(dtype).itemsize
+  thresholds = sorted({e.max_bytes for e in policy.TUNING_TABLE
+                       if e.min_ranks <= ranks <= e.max_ranks} | {CAP})
+  for t in thresholds:
+    n = t // item  # elements at the threshold
+    for elems, fast in ((n - 1, True), (n, True), (n + 1, False)):
+      c = choose(dtype, elems * item, ranks, max_bytes=CAP)
+      assert (c.algorithm is not None) == fast, (t, elems, c)
+      if not fast:
+        assert c.reason == "size"
