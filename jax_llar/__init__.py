@@ -13,6 +13,7 @@ take the fast path and how fast it is.
 
 Public API:
   psum                     the all-reduce (``lax.psum``, marked for jax_llar)
+  psum_add_rms_norm        the all-reduce, residual add and RMSNorm as one op
   swap_psum, install, uninstall, installed
                            the swap for existing code: a region, the process
   dispatch_log, clear_dispatch_log, Decision
@@ -26,6 +27,7 @@ Public API:
 from jax_llar import config
 from jax_llar.algorithms import Algorithm
 from jax_llar.explain import explain
+from jax_llar.fused import psum_add_rms_norm
 from jax_llar.log import Decision, clear_dispatch_log, dispatch_log
 from jax_llar import lowering as _lowering
 from jax_llar.psum import psum
@@ -51,6 +53,7 @@ __all__ = [
     "install",
     "installed",
     "psum",
+    "psum_add_rms_norm",
     "status",
     "swap_psum",
     "uninstall",

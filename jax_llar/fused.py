@@ -1,0 +1,158 @@
+"""``jax_llar.psum_add_rms_norm``: the all-reduce, the residual add and the
+RMSNorm that follows it in a tensor-parallel transformer layer, as one op.
+
+The op is defined by its reference, `reference`: the JAX code a model writes
+without jax_llar's fused op, with the all-reduce through ``jax_llar.psum``.
+Its primitive, ``psum_add_rms_norm_p``, keeps that reference as its
+meaning: abstract evaluation (shapes, dtypes, ``check_vma`` types), the JVP
+(tangents are the reference's, so ``jax.grad`` differentiates exactly the
+unfused code), batching (a leading batch dimension is handed to the
+primitive; a vmapped axis that the all-reduce names runs the reference
+under ``vmap``) and every lowering but the fast one are the reference's.
+
+The fused kernel (one launch doing all three steps, as TensorRT-LLM, vLLM
+and FlashInfer fuse them) is not written yet: today every lowering of the op
+is the reference's, whose psum takes jax_llar's one-shot path where that
+serves it. The op exists first so that models can be written against it and
+its semantics (the reference, the ulp rule) are tested before the kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax._src import api_util, core
+from jax._src.interpreters import ad, batching, mlir
+from jax._src.interpreters import partial_eval as pe
+import jax.extend.linear_util as lu
+
+from jax_llar import psum as psum_lib
+
+
+def reference(x, residual, weight, axis_name, eps: float):
+  """The meaning of `psum_add_rms_norm`: the unfused JAX code.
+
+  new_residual = jax_llar.psum(x, axis_name) + residual, in x's dtype (each
+  step rounded to it, as XLA rounds each operation); normed = new_residual
+  times rsqrt(mean(new_residual^2 over the last axis) + eps) times weight,
+  computed in float32 and rounded once to x's dtype.
+  """
+  new_residual = psum_lib.psum(x, axis_name) + residual
+  h = new_residual.astype(jnp.float32)
+  inv = lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + jnp.float32(eps))
+  normed = (h * inv * weight.astype(jnp.float32)).astype(x.dtype)
+  return normed, new_residual
+
+
+def psum_add_rms_norm(x: Any, residual: Any, weight: Any, axis_name, *,
+                      eps: float = 1e-6) -> tuple[Any, Any]:
+  """All-reduce `x` over `axis_name`, add `residual`, and RMS-normalise.
+
+  The step that ends a tensor-parallel attention or MLP block: the partial
+  outputs of the ranks are summed, the sum is added to the residual stream,
+  and the next block's RMSNorm is applied to the result. Same results as
+  `reference` (the unfused code): ``new_residual`` bitwise, ``normed``
+  within one unit in the last place of x's dtype (the fused kernel sums the
+  squares in another order than XLA's reduction; until the kernel exists the
+  op is the reference, bitwise).
+
+  Args:
+    x: the rank's partial sum, shape (..., d), float32, bfloat16 or float16,
+      varying over `axis_name` (inside ``jax.shard_map``).
+    residual: the residual stream, the shape and dtype of `x`.
+    weight: the RMSNorm gain, shape (d,), any float dtype (used in float32).
+    axis_name: mesh axis name (or tuple of names) of the all-reduce.
+    eps: added to the mean square before the reciprocal square root.
+
+  Returns:
+    (normed, new_residual), both with x's shape and dtype.
+
+  Raises:
+    ValueError: shapes or dtypes that do not match (before any lowering).
+    NameError: an unbound axis name (JAX's error, from the psum).
+
+  Example, inside a jitted shard_map over a mesh with axis "tp"::
+
+    h, resid = jax_llar.psum_add_rms_norm(attn_out_partial, resid, ln2_w, "tp")
+
+  Source: the fused all-reduce + residual + RMSNorm of the serving engines
+  (TensorRT-LLM, vLLM, FlashInfer); the all-reduce of arXiv 2607.16100.
+  """
+  x, residual, weight = (jnp.asarray(v) for v in (x, residual, weight))
+  if x.shape != residual.shape or x.dtype != residual.dtype:
+    raise ValueError(f"psum_add_rms_norm: x {x.dtype}{list(x.shape)} and residual "
+                     f"{residual.dtype}{list(residual.shape)} must have one shape "
+                     "and dtype")
+  if x.ndim < 1 or weight.shape != x.shape[-1:]:
+    raise ValueError(f"psum_add_rms_norm: weight must have shape ({x.shape[-1:]}) "
+                     f"(the last dimension of x), got {list(weight.shape)}")
+  if not jnp.issubdtype(x.dtype, jnp.floating) or not jnp.issubdtype(
+      weight.dtype, jnp.floating):
+    raise ValueError(f"psum_add_rms_norm: float dtypes only, got x {x.dtype} "
+                     f"and weight {weight.dtype}")
+  axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  normed, new_residual = psum_add_rms_norm_p.bind(x, residual, weight, axes=axes,
+                                                  eps=float(eps))
+  return normed, new_residual
+
+
+# --- the primitive ---------------------------------------------------------------
+
+psum_add_rms_norm_p = core.Primitive("llar_psum_add_rms_norm")
+psum_add_rms_norm_p.multiple_results = True
+
+
+def _ref(axes, eps):
+  return lambda x, r, w: reference(x, r, w, axes, eps)
+
+
+def _abstract_eval(x, residual, weight, *, axes, eps):
+  fn = _ref(axes, eps)
+  dbg = api_util.debug_info("jax_llar.psum_add_rms_norm", fn,
+                            (x, residual, weight), {})
+  jaxpr, outs, _ = pe.trace_to_jaxpr_dynamic(lu.wrap_init(fn, debug_info=dbg),
+                                             [x, residual, weight])
+  return outs, jaxpr.effects
+
+
+def _impl(x, residual, weight, *, axes, eps):
+  return _ref(axes, eps)(x, residual, weight)
+
+
+def _jvp(primals, tangents, *, axes, eps):
+  out = psum_add_rms_norm_p.bind(*primals, axes=axes, eps=eps)
+  tangents = [ad.instantiate_zeros(t) for t in tangents]
+  _, tangent_out = jax.jvp(_ref(axes, eps), tuple(primals), tuple(tangents))
+  return out, list(tangent_out)
+
+
+def _batch(axis_data, vals, dims, *, axes, eps):
+  x, r, w = vals
+  dx, dr, dw = dims
+  if axis_data.name in axes or dw is not None:
+    # The vmapped axis is one the all-reduce names, or each batch element has
+    # its own gain: the reference under vmap.
+    out = jax.vmap(_ref(axes, eps), in_axes=tuple(dims), axis_name=axis_data.name,
+                   axis_size=axis_data.size, spmd_axis_name=axis_data.spmd_name)(x, r, w)
+    return list(out), [0, 0]
+  size = axis_data.size
+  x = batching.bdim_at_front(x, dx, size)
+  r = batching.bdim_at_front(r, dr, size)
+  return psum_add_rms_norm_p.bind(x, r, w, axes=axes, eps=eps), [0, 0]
+
+
+psum_add_rms_norm_p.def_effectful_abstract_eval(_abstract_eval)
+psum_add_rms_norm_p.def_impl(_impl)
+ad.primitive_jvps[psum_add_rms_norm_p] = _jvp
+batching.fancy_primitive_batchers[psum_add_rms_norm_p] = _batch
+
+
+def lower_reference(ctx, x, residual, weight, *, axes, eps):
+  """The op's lowering where no fused kernel serves it: the reference."""
+  return mlir.lower_fun(_ref(axes, eps), multiple_results=True)(ctx, x, residual, weight)
+
+
+mlir.register_lowering(psum_add_rms_norm_p, lower_reference)

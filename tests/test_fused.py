@@ -1,0 +1,122 @@
+"""jax_llar.psum_add_rms_norm on CPU: where no fused kernel serves it, it is its
+reference (the unfused code) bitwise, and so are its gradients and batching."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jax_llar
+from jax_llar import fused
+
+from cpu_helpers import assert_bitwise, mesh_of
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _data(rng, ranks, rows, d, dtype):
+  x = rng.standard_normal((ranks, rows, d)).astype(np.float32).astype(dtype)
+  r = rng.standard_normal((rows, d)).astype(np.float32).astype(dtype)
+  w = (1 + 0.1 * rng.standard_normal((d,))).astype(np.float32).astype(dtype)
+  return x, r, w
+
+
+def _run(fn, mesh, x, r, w, check_vma=True):
+  f = jax.jit(jax.shard_map(lambda x, r, w: fn(x[0], r, w), mesh=mesh,
+                            in_specs=(P("x"), P(), P()), out_specs=(P(), P()),
+                            check_vma=check_vma))
+  xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+  return [np.asarray(o) for o in f(xs, r, w)]
+
+
+def _unfused(x, r, w, eps=1e-6):
+  """The unfused code a model writes, with lax.psum."""
+  nr = lax.psum(x, "x") + r
+  h = nr.astype(jnp.float32)
+  n = h * lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps) * w.astype(jnp.float32)
+  return n.astype(x.dtype), nr
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float16], ids=str)
+@pytest.mark.parametrize("ranks,rows,d", [(2, 1, 64), (4, 3, 128), (8, 2, 48)])
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_equals_the_unfused_code(dtype, ranks, rows, d, check_vma):
+  mesh = mesh_of((ranks,), ("x",))
+  x, r, w = _data(np.random.default_rng(ranks * rows + d), ranks, rows, d, dtype)
+  got = _run(lambda x, r, w: jax_llar.psum_add_rms_norm(x, r, w, "x"), mesh, x, r, w,
+             check_vma)
+  want = _run(_unfused, mesh, x, r, w, check_vma)
+  for g, e in zip(got, want):
+    assert g.dtype == np.dtype(dtype)
+    assert_bitwise(g, e)
+  d_ = jax_llar.dispatch_log()
+  assert d_ and all(x.reason == "platform" for x in d_)  # the reference's psum
+
+
+def test_grad_equals_the_unfused_grad():
+  mesh = mesh_of((2,), ("x",))
+  x, r, w = _data(np.random.default_rng(1), 2, 2, 32, np.float32)
+  xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+
+  def loss(fn):
+    def f(x, r, w):
+      n, nr = jax.shard_map(lambda x, r, w: fn(x[0], r, w), mesh=mesh,
+                            in_specs=(P("x"), P(), P()), out_specs=(P(), P()))(x, r, w)
+      return jnp.sum(n * n) + jnp.sum(jnp.sin(nr))
+    return jax.jit(jax.grad(f, argnums=(0, 1, 2)))
+
+  got = loss(lambda x, r, w: jax_llar.psum_add_rms_norm(x, r, w, "x"))(xs, r, w)
+  want = loss(_unfused)(xs, r, w)
+  for g, e in zip(got, want):
+    assert_bitwise(np.asarray(g), np.asarray(e))
+
+
+def test_vmap_over_a_batch_axis_and_over_the_named_axis():
+  mesh = mesh_of((2,), ("x",))
+  x, r, w = _data(np.random.default_rng(2), 2, 3, 16, np.float32)
+  xb = np.stack([x, 2 * x])  # (batch, ranks, rows, d)
+  rb = np.stack([r, r - 1])
+
+  def batched(fn):
+    body = jax.vmap(lambda x, r, w: fn(x, r, w), in_axes=(0, 0, None))
+    f = jax.jit(jax.shard_map(lambda x, r, w: body(x[:, 0], r, w), mesh=mesh,
+                              in_specs=(P(None, "x"), P(), P()), out_specs=(P(), P())))
+    return [np.asarray(o) for o in f(xb, rb, w)]
+
+  got = batched(lambda x, r, w: jax_llar.psum_add_rms_norm(x, r, w, "x"))
+  want = batched(_unfused)
+  for g, e in zip(got, want):
+    assert_bitwise(g, e)
+  # vmap whose axis is the one the all-reduce names (no mesh at all).
+  f_named = jax.vmap(lambda x, r, w: jax_llar.psum_add_rms_norm(x, r, w, "v"),
+                     in_axes=(0, None, None), axis_name="v")
+  ref_named = jax.vmap(lambda x, r, w: fused.reference(x, r, w, "v", 1e-6),
+                       in_axes=(0, None, None), axis_name="v")
+  for g, e in zip(f_named(x, r, w), ref_named(x, r, w)):
+    assert_bitwise(np.asarray(g), np.asarray(e))
+
+
+def test_bad_inputs_raise_clear_errors():
+  x = jnp.ones((2, 8), jnp.bfloat16)
+  with pytest.raises(ValueError, match="one shape and dtype"):
+    jax_llar.psum_add_rms_norm(x, jnp.ones((2, 8), jnp.float32), jnp.ones(8), "x")
+  with pytest.raises(ValueError, match="weight must have shape"):
+    jax_llar.psum_add_rms_norm(x, x, jnp.ones(4), "x")
+  with pytest.raises(ValueError, match="float dtypes"):
+    jax_llar.psum_add_rms_norm(x.astype(jnp.int32), x.astype(jnp.int32), jnp.ones(8), "x")
+  with pytest.raises(NameError, match="unbound axis name: x"):
+    jax_llar.psum_add_rms_norm(x, x, jnp.ones(8, jnp.bfloat16), "x")
+
+
+def test_jaxpr_holds_one_op_with_the_reference_types():
+  mesh = mesh_of((2,), ("x",))
+  x, r, w = _data(np.random.default_rng(3), 2, 1, 8, BF16)
+  f = jax.shard_map(lambda x, r, w: jax_llar.psum_add_rms_norm(x[0], r, w, "x"),
+                    mesh=mesh, in_specs=(P("x"), P(), P()), out_specs=(P(), P()))
+  text = str(jax.make_jaxpr(f)(jax.device_put(x, NamedSharding(mesh, P("x"))), r, w))
+  assert text.count("llar_psum_add_rms_norm") == 1 and "psum_invariant" not in text
