@@ -477,3 +477,32 @@ def test_multi_platform_lowering_decides_per_platform():
   assert "non-GPU devices" in details[1]
   assert {(d.reason, d.world_size, d.bytes_per_rank, d.candidate)
           for d in jax_llar.dispatch_log()} == {("platform", 4, 32, ONE_SHOT_LL)}
+
+
+def test_psum_of_several_operands_splits_fast_and_fallback(monkeypatch):
+  """A psum of a pytree binds one equation with several operands; operands the
+  policy serves become FFI calls and the rest one all-reduce of JAX's rule."""
+  mesh = mesh_of((2,), ("x",))
+  rng = np.random.default_rng(20)
+  a = random_input(rng, (2, 8), np.float32)
+  b = random_input(rng, (2, 4), np.float32)
+
+  def fast_for_8(axis_ctx, aval, axes, *, platform, source, **kw):
+    del axis_ctx, source, kw
+    n = int(np.prod(aval.shape)) * 4
+    if platform == "cuda" and aval.shape[-1] == 8:
+      return log.Decision(reason="fast_path", detail="", axes=tuple(axes),
+                          dtype="float32", bytes_per_rank=n, world_size=2,
+                          algorithm=ONE_SHOT_LL, candidate=ONE_SHOT_LL, comm_id=3,
+                          comm_key=9)
+    return log.Decision(reason="size", detail="", axes=tuple(axes), dtype="float32",
+                        bytes_per_rank=n, world_size=2)
+
+  monkeypatch.setattr(lowering, "decide", fast_for_8)
+  f = jax.jit(jax.shard_map(lambda u, v: jax_llar.psum((u, v), "x"), mesh=mesh,
+                            in_specs=(P("x"), P("x")), out_specs=(P(), P())))
+  text = f.trace(a, b).lower(lowering_platforms=("cuda",)).as_text()
+  assert text.count("custom_call @jax_llar_all_reduce") == 1
+  assert text.count("stablehlo.all_reduce") == 1
+  assert re.search(r"jax_llar_all_reduce\(%\w+\).*tensor<1x8xf32>", text)
+  assert re.search(r"all_reduce\"\(%\w+\).*\n(.*\n){0,6}.*tensor<1x4xf32>", text)
