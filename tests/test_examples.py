@@ -2,7 +2,9 @@
 no traceback, the token ids of lax.psum and jax_llar.psum agree, --json
 writes a result in the result-file shape with every implementation and the
 floor, and the model decodes the same tokens incrementally as in one
-prefill; hlo_check finds the in-place cache updates."""
+prefill; hlo_check finds the in-place cache updates; the fused decode step
+and the step as first written decode the same tokens; --shard_of runs one
+TP=2 shard with the identity only."""
 
 from __future__ import annotations
 
@@ -90,14 +92,17 @@ def test_decode_matches_prefill_and_cache_is_updated_in_place(tp_model):
   prompt = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab, (b, plen)), jnp.int32)
   tok0, cache0 = m.prefill()(params, prompt, m.init_cache())
   copy = jax.jit(lambda c: jax.tree_util.tree_map(jnp.copy, c))
-  toks, last, _ = m.decode_scan(lax.psum, n)(params, tok0, copy(cache0), jnp.int32(plen))
+  toks, last, _, pos = m.decode_scan(lax.psum, n)(
+      params, copy(tok0), copy(cache0), jnp.int32(plen), jnp.zeros((n, b), jnp.int32))
   toks = np.asarray(toks)
   np.testing.assert_array_equal(np.asarray(last), toks[-1])
-  step, cache, tok, stepped = m.decode_step(lax.psum), copy(cache0), tok0, []
-  for i in range(n):
-    tok, cache = step(params, tok, cache, jnp.int32(plen + i))
+  assert int(pos) == plen + n
+  step, cache, tok, pos, stepped = m.decode_step(lax.psum), copy(cache0), tok0, jnp.int32(plen), []
+  for _ in range(n):
+    tok, cache, pos = step(params, tok, cache, pos)
     stepped.append(np.asarray(tok))
   np.testing.assert_array_equal(np.stack(stepped), toks)
+  assert int(pos) == plen + n
   whole = jnp.concatenate([prompt, tok0[:, None], jnp.asarray(toks[:-1].T)], 1)
   m2 = model.build(cfg, mesh, b, plen + n)
   expect, _ = m2.prefill()(params, whole, m2.init_cache())
@@ -107,5 +112,54 @@ def test_decode_matches_prefill_and_cache_is_updated_in_place(tp_model):
   assert m.weight_bytes_per_device() == 2 * (
       (cfg.n_layers * layer + cfg.vocab * d) // 2 + b * d)
   r = hlo_check.check(m, "python")
-  assert len(r["in_place"]) >= 2 * cfg.n_layers, [x["name"] for x in r["in_place"]]
+  assert len(r["in_place"]) >= m.cache_arrays * cfg.n_layers, [x["name"] for x in r["in_place"]]
   assert r["n_while"] == 0 and r["n_kernels"] > 0
+
+
+def test_step_forms_decode_the_same_tokens(tp_model):
+  """The fused decode step (model.Step()) and the step as first written
+  (Step.dots(): XLA's dots, a K and a V cache) decode the same tokens, and
+  so does one TP=2 shard's model on one device with either form."""
+  model, _ = tp_model
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax import lax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
+  plen, n = 6, 6
+  for devices, cfg in ((jax.devices()[:2], model.PRESETS["small"]),
+                       (jax.devices()[:1], model.PRESETS["small"].shard(2))):
+    mesh = Mesh(np.array(devices), ("tp",))
+    prompt = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab, (1, plen)), jnp.int32)
+    out = {}
+    for name, step in (("step", model.Step()), ("dots", model.Step.dots())):
+      m = model.build(cfg, mesh, 1, plen + n, step)
+      params = m.init_params(0)
+      tok0, cache0 = m.prefill()(params, prompt, m.init_cache())
+      toks, _, _, _ = m.decode_scan(lax.psum, n)(params, tok0, cache0, jnp.int32(plen),
+                                                 jnp.zeros((n, 1), jnp.int32))
+      out[name] = np.asarray(toks)[:, 0]
+    np.testing.assert_array_equal(out["step"], out["dots"])
+
+
+def test_shard_of_on_cpu(tmp_path):
+  """--shard_of 2 runs one TP=2 shard with the identity only, labels its
+  rows, and refuses an all-reduce implementation."""
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                              if "xla_force_host_platform_device_count" not in f)
+  out = tmp_path / "shard.json"
+  cmd = [sys.executable, "examples/tp_decode/main.py", "--presets=small", "--shard_of=2",
+         "--tp=1", "--tokens=4", "--chunk=2", "--prompt=8", "--repeats=1", f"--json={out}"]
+  p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+  result = json.loads(out.read_text())
+  assert result["shard_of"] == 2 and "one TP=2 shard" in result["shard_note"]
+  assert {r["impl"] for r in result["rows"]} == {"none", "floor"}
+  for r in result["rows"]:
+    assert r["shard_of"] == 2 and r["world_size"] == 1 and "TP=2 shard" in r["workload"]
+  assert result["configs"]["small"]["n_heads"] == 4  # 8 heads / 2
+  p = subprocess.run(cmd[:-1] + ["--impls=none,lax.psum"], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=300)
+  assert p.returncode != 0 and "--shard_of" in p.stdout + p.stderr

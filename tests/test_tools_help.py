@@ -18,6 +18,7 @@ PROGRAMS = {
     "bench": [sys.executable, "-m", "jax_llar.tools.bench", "--help"],
     "sol": [sys.executable, "-m", "jax_llar.tools.sol", "--help"],
     "graphcheck": [sys.executable, "-m", "jax_llar.tools.graphcheck", "--help"],
+    "loopback": [sys.executable, "-m", "jax_llar.tools.loopback", "--help"],
     "tp_decode": [sys.executable, "examples/tp_decode/main.py", "--help"],
 }
 

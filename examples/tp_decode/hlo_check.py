@@ -7,7 +7,8 @@ lax.psum) for the devices at hand and looks through the optimised HLO,
 outside fusion bodies, for results shaped like one device's shard of a
 weight matrix (a copy, transpose, slice or unfused product of a weight,
 which would add weight-sized memory traffic to every token) and for copies
-of a layer's KV cache; it counts the in-place cache updates (2 per layer).
+of a layer's KV cache; it counts the in-place cache updates (one per cache
+array and layer).
 The exit status is 1 when a weight-sized result or a cache copy is found.
 Meant for a GPU; without one it compiles for forced CPU devices, where XLA
 converts bfloat16 weights to float32 for its dots and copies caches of its
@@ -23,7 +24,8 @@ from absl import flags
 import model as model_lib
 
 _SHAPE = re.compile(r"^(pred|s8|u8|s16|u16|s32|u32|s64|u64|f16|bf16|f32|f64)\[([0-9,]*)\]")
-_INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\S+) ([\w-]+)\(")
+# name, result shape (an array, or a tuple of them: multi-output fusions), opcode
+_INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\((?:[^()]|\([^()]*\))*\)|\S+) ([\w-]+)\(")
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
           "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8}
 _PASS = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant", "while",
@@ -53,8 +55,10 @@ def results(hlo: str) -> list[dict]:
 
   Returns:
     dicts with name, opcode, shape, dims, bytes, fused_root (the root opcode
-    of a fusion's body, else None) and in_place (a fusion whose body's root
-    is a dynamic-update-slice: XLA updates its operand's buffer in place).
+    of a fusion's body, else None), in_place (a fusion whose body's root is
+    a dynamic-update-slice: XLA updates its operand's buffer in place) and
+    output (the index of the output: a multi-output fusion gives one dict
+    per output, named name#index).
   """
   comps, roots, current, fusion_bodies = {}, {}, None, set()
   for line in hlo.splitlines():
@@ -76,15 +80,18 @@ def results(hlo: str) -> list[dict]:
     if comp in fusion_bodies:
       continue
     for name, shape, op, line in instrs:
-      if op in _PASS or not _SHAPE.match(shape):
+      parts = [shape] if not shape.startswith("(") else re.findall(r"\w+\[[0-9,]*\]", shape)
+      if op in _PASS or not parts or not all(_SHAPE.match(x) for x in parts):
         continue
       root = None
       if op == "fusion":
         c = re.search(r"calls=%?([\w.\-]+)", line)
         root = roots.get(c.group(1)) if c else None
-      out.append({"name": name, "opcode": op, "shape": shape.split("{")[0],
-                  "dims": _dims(shape), "bytes": _nbytes(shape), "fused_root": root,
-                  "in_place": root == "dynamic-update-slice"})
+      for i, part in enumerate(parts):  # a multi-output fusion: one entry per output
+        out.append({"name": name + (f"#{i}" if len(parts) > 1 else ""), "opcode": op,
+                    "shape": part.split("{")[0], "dims": _dims(part),
+                    "bytes": _nbytes(part), "fused_root": root,
+                    "in_place": root == "dynamic-update-slice", "output": i})
   return out
 
 
@@ -106,7 +113,8 @@ def check(m: model_lib.Model, loop: str = "scan", n_tokens: int = 4,
   and transposes caches), so this check is meant for the GPU compile.
 
   Returns:
-    dict with in_place (the in-place cache updates: 2 per layer expected),
+    dict with in_place (the in-place cache updates: `m.cache_arrays` per
+    layer expected),
     weight_like, cache_copies (both should be empty), n_while (while loops
     in the program), n_kernels (fusions and custom calls outside fusion
     bodies: the kernels of the program) and hlo (the optimised HLO text).
@@ -128,20 +136,28 @@ def check(m: model_lib.Model, loop: str = "scan", n_tokens: int = 4,
     if len(leaf.shape) == 2:
       shard = [d // m.tp if s == "tp" else d for d, s in zip(leaf.shape, tuple(leaf.spec) + (None,) * 2)]
       weight_keys.add(_key(shard))
-  cache_key = _key((m.batch, c.n_kv_heads // m.tp, m.max_len, c.head_dim))
+  shard = list(m.cache_shape())
+  shard[1] //= m.tp
+  cache_key = _key(shard)
   params = m._map(lambda leaf: sds(leaf.shape, leaf.spec))  # pylint: disable=protected-access
-  cache = [(sds(m.cache_shape(), model_lib.CACHE_SPEC),) * 2 for _ in range(c.n_layers)]
+  cache = [(sds(m.cache_shape(), model_lib.CACHE_SPEC),) * m.cache_arrays
+           for _ in range(c.n_layers)]
   tok = sds((m.batch,), P(), jnp.int32)
   pos = sds((), P(), jnp.int32)
-  fn = m.decode_scan(psum_fn, n_tokens) if loop == "scan" else m.decode_step(psum_fn)
-  hlo = fn.lower(params, tok, cache, pos).compile().as_text()
+  if loop == "scan":
+    toks = sds((n_tokens, m.batch), P(), jnp.int32)
+    lowered = m.decode_scan(psum_fn, n_tokens).lower(params, tok, cache, pos, toks)
+  else:
+    lowered = m.decode_step(psum_fn).lower(params, tok, cache, pos)
+  hlo = lowered.compile().as_text()
   found = results(hlo)
   return {"in_place": [f for f in found if f["in_place"]],
           "weight_like": [f for f in found if _key(f["dims"]) in weight_keys],
           "cache_copies": [f for f in found
                            if _key(f["dims"]) == cache_key and not f["in_place"]],
           "n_while": len(re.findall(r"\swhile\(", hlo)),
-          "n_kernels": sum(f["opcode"] in ("fusion", "custom-call") for f in found),
+          "n_kernels": sum(f["opcode"] in ("fusion", "custom-call") and f["output"] == 0
+                           for f in found),
           "hlo": hlo}
 
 
@@ -180,7 +196,8 @@ def main() -> int:
       print(f"  {what:12s} {f['opcode']:10s} {f['fused_root'] or '':22s} "
             f"{f['shape']:28s} {f['bytes']:>12d} B  %{f['name']}")
   print(f"in-place cache updates: {len(r['in_place'])} (expected "
-        f"{2 * m.cfg.n_layers}); weight-sized results: {len(r['weight_like'])}; "
+        f"{m.cache_arrays * m.cfg.n_layers}); weight-sized results: "
+        f"{len(r['weight_like'])}; "
         f"cache copies: {len(r['cache_copies'])}")
   return 1 if r["weight_like"] or r["cache_copies"] else 0
 

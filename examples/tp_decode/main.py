@@ -11,8 +11,10 @@ gets a random prompt (--prompt tokens), prefilled in one forward pass that
 fills its KV cache (each sequence alone, with lax.psum, so that every batch
 size, implementation and process starts from the same cache); then --tokens
 tokens are decoded greedily, in jitted chunks of --chunk tokens (one
-lax.scan per chunk, or one jitted call per token with --loop python), with
-the all-reduce of each implementation:
+lax.scan per chunk, or one jitted call per token with --loop python; the
+decode state, token, cache, position and the chunk's tokens, stays on the
+device in donated buffers that each call returns in place), with the
+all-reduce of each implementation:
 
   lax.psum            XLA's all-reduce (NCCL on GPUs), default XLA flags
   lax.psum+<flag>     the same under one XLA flag that targets small
@@ -41,6 +43,14 @@ implementation, metric itl_us) goes to --json or to --out, in the result-file
 shape of benchmarks/METHOD.md in the repository, with a plot of latency and
 tokens/s against batch size where matplotlib is installed.
 
+With --shard_of N it measures the per-device work of a TP=N step instead:
+each preset is built at the widths one device holds at TP=N (query and KV
+heads, MLP width and vocabulary divided by N: model.Config.shard) and runs
+on the devices given, the all-reduce being the identity. Only the impls
+none and floor are allowed then; rows and the result carry shard_of, and the
+workload names say "one TP=N shard". It is the way to study the step on a
+machine of one GPU.
+
 Without a GPU it runs the small preset on forced CPU devices (it sets
 JAX_PLATFORMS=cpu and XLA_FLAGS and says so), where jax_llar.psum lowers to
 lax.psum (both rows differ only by noise) and the XLA flag variants are
@@ -65,6 +75,7 @@ from absl import app, flags
 from jax_llar.tools import _cli, host, report
 
 import model as model_lib
+from hbm import measure_bandwidth
 
 PRESETS = model_lib.PRESETS
 GPU_PRESETS = ("llama3.2-1b", "llama3-8b")
@@ -108,6 +119,12 @@ REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per implementation, aft
 LOOP = flags.DEFINE_enum("loop", "scan", ["scan", "python"],
                          "Decode loop: scan (one lax.scan of --chunk tokens per "
                          "jitted call) or python (one jitted call per token).")
+SHARD_OF = flags.DEFINE_integer(
+    "shard_of", 0, "Measure one device's share of a TP=N step: each preset at the "
+    "per-device widths of TP=N (heads, KV heads, MLP width and vocabulary divided "
+    "by N) on the devices given, the all-reduce being the identity; only with "
+    "--impls none and/or floor (the default then). 0: the full model.",
+    lower_bound=0)
 TP = flags.DEFINE_integer("tp", 0, "Devices to use, the tensor-parallel size (0: all).",
                           lower_bound=0)
 CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 2,
@@ -149,6 +166,7 @@ class Settings:
   tp: int = 0
   seed: int = 0
   flag_timeout: int = 900
+  shard_of: int = 0
 
 
 def flag_impl(flag: str) -> str:
@@ -169,63 +187,22 @@ def _token_hash(a) -> str:
   return hashlib.sha256(np.ascontiguousarray(a, dtype=np.int32).tobytes()).hexdigest()[:16]
 
 
-def measure_bandwidth(mesh, nbytes: int, calls: int = 10) -> dict:
-  """HBM bandwidth per device from large bfloat16 kernels, each device on
-  its own `nbytes` array: ``copy_gbs`` from an elementwise multiply (bytes
-  read + written per second) and ``read_gbs`` from a sum (bytes read per
-  second). Each is the slope between programs of 1 and 5 kernels separated
-  by optimisation barriers (median of `calls` calls each, alternating), so
-  that a call's fixed cost cancels. GB = 1e9 bytes."""
-  import jax
-  import jax.numpy as jnp
-  from jax import lax
-  from jax.sharding import NamedSharding, PartitionSpec as P
-  n = nbytes // 2
-  x = jax.jit(lambda: jnp.ones((mesh.size * n,), jnp.bfloat16),
-              out_shardings=NamedSharding(mesh, P("tp")))()
-
-  def prog(kind, k):
-    def body(v):
-      acc = jnp.zeros((), jnp.float32)
-      for i in range(k):
-        if kind == "copy":
-          v = lax.optimization_barrier(v * jnp.bfloat16(1.0 + 2.0 ** -7 * (i + 1)))
-        else:
-          v, acc = lax.optimization_barrier((v, acc + jnp.sum(v, dtype=jnp.float32)))
-      return v[:1].astype(jnp.float32) + acc
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("tp"), out_specs=P("tp"),
-                                 check_vma=False))
-
-  out = {"bytes_per_device": n * 2}
-  for kind, moved in (("copy", 4 * n), ("read", 2 * n)):
-    f1, f5 = prog(kind, 1), prog(kind, 5)
-    f1(x).block_until_ready()
-    f5(x).block_until_ready()
-    t1, t5 = [], []
-    for _ in range(calls):
-      for f, ts in ((f1, t1), (f5, t5)):
-        t0 = time.perf_counter()
-        f(x).block_until_ready()
-        ts.append(time.perf_counter() - t0)
-    per_kernel = (statistics.median(t5) - statistics.median(t1)) / 4
-    out[f"{kind}_gbs"] = moved / per_kernel / 1e9 if per_kernel > 0 else float("nan")
-  del x
-  return out
-
-
 class _Decoder:
   """One implementation's decode program at one batch size, and its runs."""
 
   def __init__(self, m, impl, psum_fn, s: Settings, params, tok0, cache0):
-    import jax
     import jax_llar
     self.impl, self.m, self.s = impl, m, s
     self.params, self.tok0, self.cache0 = params, tok0, cache0
     if impl == "llar.auto":
       jax_llar.clear_dispatch_log()
-    fn = m.decode_scan(psum_fn, s.chunk) if s.loop == "scan" else m.decode_step(psum_fn)
+    tok, cache, pos, toks = self._state()
+    if s.loop == "scan":
+      fn, args = m.decode_scan(psum_fn, s.chunk), (params, tok, cache, pos, toks)
+    else:
+      fn, args = m.decode_step(psum_fn), (params, tok, cache, pos)
     t0 = time.perf_counter()
-    self.fn = fn.lower(params, tok0, cache0, self.positions()[0]).compile()
+    self.fn = fn.lower(*args).compile()
     self.compile_s = time.perf_counter() - t0
     self.decisions = ([d for d in jax_llar.dispatch_log()] if impl == "llar.auto"
                       else None)
@@ -233,55 +210,49 @@ class _Decoder:
 
   _copy_fn = None
 
-  def _copy(self, cache):
+  def _state(self):
+    """A fresh device copy of the decode state: (tok, cache, pos, toks), pos
+    the first position after the prompt, toks the (chunk, batch) buffer the
+    scan writes its tokens into (decode_scan donates all four, decode_step
+    the cache and pos)."""
     import jax
     import jax.numpy as jnp
-    if _Decoder._copy_fn is None:
-      _Decoder._copy_fn = jax.jit(lambda c: jax.tree_util.tree_map(jnp.copy, c))
-    out = _Decoder._copy_fn(cache)
-    jax.block_until_ready(out)
-    return out
-
-  _positions = {}
-
-  def positions(self):
-    """Device scalars of every decode position (made once: a timed call
-    transfers nothing from the host)."""
-    import jax
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
-    key = (id(self.m.mesh), self.s.prompt, self.s.tokens)
-    if key not in _Decoder._positions:
-      rep = NamedSharding(self.m.mesh, P())
-      _Decoder._positions[key] = [jax.device_put(np.int32(self.s.prompt + i), rep)
-                                  for i in range(self.s.tokens)]
-    return _Decoder._positions[key]
+    if _Decoder._copy_fn is None:
+      _Decoder._copy_fn = jax.jit(lambda c: jax.tree_util.tree_map(jnp.copy, c))
+    rep = NamedSharding(self.m.mesh, P())
+    pos = jax.device_put(np.int32(self.s.prompt), rep)
+    toks = jax.device_put(np.zeros((self.s.chunk, self.m.batch), np.int32), rep)
+    out = _Decoder._copy_fn((self.tok0, self.cache0, pos, toks))
+    jax.block_until_ready(out)
+    return out
 
   def run(self) -> tuple[list[float], "np.ndarray"]:
     """One run of s.tokens tokens from the prefilled cache: per chunk the
     inter-token latency sample (seconds), and the tokens (tokens, batch)."""
     import numpy as np
-    s, pos = self.s, self.positions()
-    cache, tok = self._copy(self.cache0), self.tok0
+    s = self.s
+    tok, cache, pos, buf = self._state()
     samples, toks = [], []
-    for c in range(s.tokens // s.chunk):
+    for _ in range(s.tokens // s.chunk):
       if s.loop == "scan":
         t0 = time.perf_counter()
-        out, tok, cache = self.fn(self.params, tok, cache, pos[c * s.chunk])
+        buf, tok, cache, pos = self.fn(self.params, tok, cache, pos, buf)
         tok.block_until_ready()
         samples.append((time.perf_counter() - t0) / s.chunk)
-        toks.append(out)
+        toks.append(np.asarray(buf))  # before the next call takes the buffer back
       else:
         t0 = time.perf_counter()
-        for i in range(s.chunk):
-          tok, cache = self.fn(self.params, tok, cache, pos[c * s.chunk + i])
+        for _ in range(s.chunk):
+          tok, cache, pos = self.fn(self.params, tok, cache, pos)
           toks.append(tok)
         tok.block_until_ready()
         samples.append((time.perf_counter() - t0) / s.chunk)
     del cache
     if s.loop == "python":
       return samples, np.stack([np.asarray(t) for t in toks], 0)
-    return samples, np.concatenate([np.asarray(t) for t in toks], 0)
+    return samples, np.concatenate(toks, 0)
 
 
 def _prefilled(m1, params, s: Settings, n_seq: int):
@@ -324,7 +295,7 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
   from jax import lax
 
   import jax_llar
-  cfg = PRESETS[name]
+  cfg = PRESETS[name].shard(s.shard_of) if s.shard_of else PRESETS[name]
   max_len = s.prompt + s.tokens
   fns = {"lax.psum": lax.psum, "llar.auto": jax_llar.psum, "none": lambda x, axis: x}
   m1 = model_lib.build(cfg, mesh, 1, max_len)
@@ -341,10 +312,12 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
   for b in batches:
     m = model_lib.build(cfg, mesh, b, max_len)
     tok0, cache0 = _batch_of(seqs, b, mesh)
-    workload = f"{name} batch {b}"
+    workload = f"{name} batch {b}" + (f", one TP={s.shard_of} shard" if s.shard_of else "")
     common = {"world_size": m.tp, "dtype": "bfloat16", "metric": "itl_us",
               "workload": workload, "preset": name, "batch": b, "tokens": s.tokens,
               "chunk": s.chunk, "prompt": s.prompt, "loop": s.loop, "repeats": s.repeats}
+    if s.shard_of:
+      common["shard_of"] = s.shard_of
     timed = [i for i in impls if i in fns]
     decs = {}
     for impl in timed:
@@ -478,12 +451,15 @@ def run(s: Settings, baseline_rows: list[dict] | None = None,
   platform = devices[0].platform
   n = s.tp or len(devices)
   mesh = Mesh(np.array(devices[:n]), ("tp",))
+  if s.shard_of:
+    print(f"tp_decode: one TP={s.shard_of} shard (per-device widths of TP="
+          f"{s.shard_of}, all-reduce as identity) on {n} {platform} device(s)", flush=True)
   print(f"tp_decode: TP={n} over {platform} ({devices[0].device_kind}); random "
         f"bfloat16 weights (latency does not depend on their values); prompt "
         f"{s.prompt} tokens prefilled, then {s.tokens} tokens decoded greedily per run "
         f"in chunks of {s.chunk} ({s.loop} loop), {s.repeats} timed runs per "
         f"implementation", flush=True)
-  if not jax_llar.status()["active"]:
+  if "llar.auto" in s.impls and not jax_llar.status()["active"]:
     print("jax_llar.psum lowers to lax.psum here: the lax.psum and llar.auto rows "
           "differ only by noise", flush=True)
   bw = None
@@ -494,11 +470,13 @@ def run(s: Settings, baseline_rows: list[dict] | None = None,
           flush=True)
   rows, token_ids = [], {}
   for name in s.presets:
-    c = PRESETS[name]
-    print(f"{name}: {c.n_layers} layers, d_model {c.d_model}, heads {c.n_heads}/"
+    c = PRESETS[name].shard(s.shard_of) if s.shard_of else PRESETS[name]
+    print(f"{name}{f' (one TP={s.shard_of} shard)' if s.shard_of else ''}: "
+          f"{c.n_layers} layers, d_model {c.d_model}, heads {c.n_heads}/"
           f"{c.n_kv_heads} x {c.head_dim}, MLP {c.d_ff}, vocabulary {c.vocab}"
           f"{', tied embeddings' if c.tied_embeddings else ''}; "
-          f"{2 * c.n_layers + 1} all-reduces per token", flush=True)
+          f"{2 * c.n_layers + 1} all-reduces per token"
+          f"{' (identity)' if s.shard_of else ''}", flush=True)
     r, ids = run_preset(name, mesh, s, s.batches, s.impls, bw)
     rows += r
     token_ids.update(ids)
@@ -509,14 +487,24 @@ def run(s: Settings, baseline_rows: list[dict] | None = None,
                          if r["workload"] in ref else None)
   rows += baseline_rows
   agree = all(r.get("tokens_agree") is not False for r in rows if r["impl"] == "llar.auto")
-  return {"env": report.environment(), "level": "app", "rows": rows,
-          "settings": dataclasses.asdict(s),
-          "configs": {p: dataclasses.asdict(PRESETS[p]) for p in s.presets},
-          "bandwidth": bw, "token_ids": token_ids, "tokens_agree": agree,
-          "psum_flag_failures": failures or [],
-          "psum_flags_skipped": None if platform == "gpu" or not s.psum_flags else
-          "the XLA flags target XLA's GPU all-reduce: skipped without GPUs",
-          "dispatch": [d.to_dict() for d in jax_llar.dispatch_log()][-50:]}
+  out = {"env": report.environment(), "level": "app", "rows": rows,
+         "settings": dataclasses.asdict(s),
+         "configs": {p: dataclasses.asdict(PRESETS[p].shard(s.shard_of) if s.shard_of
+                                           else PRESETS[p]) for p in s.presets},
+         "bandwidth": bw, "token_ids": token_ids, "tokens_agree": agree,
+         "psum_flag_failures": failures or [],
+         "psum_flags_skipped": None if platform == "gpu" or not s.psum_flags else
+         "the XLA flags target XLA's GPU all-reduce: skipped without GPUs",
+         "dispatch": [d.to_dict() for d in jax_llar.dispatch_log()][-50:]}
+  if s.shard_of:
+    out["shard_of"] = s.shard_of
+    out["shard_note"] = (
+        f"one device running one TP={s.shard_of} shard: every preset at the widths one "
+        f"device holds at TP={s.shard_of} (query and KV heads, MLP width and vocabulary "
+        f"divided by {s.shard_of}), the all-reduce as the identity, on {n} device(s); "
+        f"the per-device work of a TP={s.shard_of} step without its communication "
+        f"(token ids are those of this smaller model)")
+  return out
 
 
 def print_summary(result: dict) -> None:
@@ -548,7 +536,8 @@ def print_summary(result: dict) -> None:
       ratios.append(f"none/floor {no['value'] / fl['value']:.2f}x")
     if ratios:
       print("    " + "; ".join(ratios))
-  print(f"token ids of lax.psum and llar.auto agree: {result['tokens_agree']}")
+  if any(r["impl"] == "llar.auto" for r in result["rows"]):
+    print(f"token ids of lax.psum and llar.auto agree: {result['tokens_agree']}")
   if result.get("psum_flags_skipped"):
     print(f"lax.psum under XLA flags: {result['psum_flags_skipped']}")
 
@@ -621,6 +610,18 @@ def settings_from_flags(gpu: bool) -> Settings:
   if bad:
     raise app.UsageError(f"--psum_flags: unknown {', '.join(bad)}; known: "
                          f"{', '.join(_FLAG_NAMES)}")
+  if SHARD_OF.value:
+    if not IMPLS_F.present:
+      impls = tuple(i for i in IMPLS if i in ("none", "floor"))
+    bad = [i for i in impls if i not in ("none", "floor")]
+    if bad:
+      raise app.UsageError(f"--shard_of: only the impls none and floor measure one "
+                           f"shard (the all-reduce is the identity); not {', '.join(bad)}")
+    for p in presets:
+      try:
+        PRESETS[p].shard(SHARD_OF.value)
+      except ValueError as e:
+        raise app.UsageError(f"--shard_of {SHARD_OF.value} for {p}: {e}") from e
   if TOKENS.value % CHUNK.value:
     raise app.UsageError(f"--tokens ({TOKENS.value}) must be a multiple of --chunk "
                          f"({CHUNK.value})")
@@ -629,7 +630,8 @@ def settings_from_flags(gpu: bool) -> Settings:
       psum_flags=tuple(_FLAG_NAMES[f] for f in PSUM_FLAGS_F.value),
       flag_batches=_ints(FLAG_BATCHES.value, "flag_batches"), tokens=TOKENS.value,
       chunk=CHUNK.value, prompt=PROMPT.value, repeats=REPEATS.value, loop=LOOP.value,
-      tp=TP.value, seed=SEED.value, flag_timeout=FLAG_TIMEOUT.value)
+      tp=TP.value, seed=SEED.value, flag_timeout=FLAG_TIMEOUT.value,
+      shard_of=SHARD_OF.value)
 
 
 def main() -> int:
@@ -663,7 +665,8 @@ def main() -> int:
   else:
     os.makedirs(OUT.value, exist_ok=True)
     tag = TAG.value or ("-" + "+".join(s.presets) + ("-sweep" if len(s.batches) > 1 else "")
-                        + ("-python" if s.loop == "python" else ""))
+                        + ("-python" if s.loop == "python" else "")
+                        + (f"-shard{s.shard_of}" if s.shard_of else ""))
     name, n = report.stem("app", tag), 1
     stem = name
     while any(os.path.exists(os.path.join(OUT.value, stem + e)) for e in (".json", ".png")):

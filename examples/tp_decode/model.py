@@ -13,41 +13,55 @@ The layout is the one a serving engine uses for batch-1 decoding:
 
 - Every weight is stored as (output features, input features) per device,
   the contracting dimension minor, so that a matrix-vector product reads
-  each row contiguously. For matrix-vector products with few rows XLA
-  rewrites the dot into a multiply and a reduction; with the contracting
-  dimension minor that is one row-reduction kernel that reads the weight
-  once, while with the contracting dimension major XLA materialises the
-  weight-sized product before reducing it (seen in the optimised HLO of a
+  each row contiguously: as a product and a row reduction that reads the
+  weight once (with the contracting dimension major XLA materialises the
+  weight-sized product before reducing it: seen in the optimised HLO of a
   GPU compile of these shapes).
 - Q, K and V are one fused matrix per device ([q heads; k heads; v heads] of
   that device), and so are the MLP's gate and up projections ([gate; up]).
 - RMSNorm's gain is folded into the projection that follows it (the weights
   stand for W diag(g)), and its per-token factor rsqrt(mean(x^2) + eps)
-  scales the projection's output, where XLA fuses it into the kernel that
-  consumes that output: the normalised activation is never written out.
-- Attention stacks a KV head's query group (and, in the prefill, the
-  positions) into the rows of one matrix, so that scores, masked softmax and
-  the weighted sum are two batched matrix products around one softmax.
+  scales the projection's output: the normalised activation is never
+  written out.
 - Layers are unrolled over separate per-layer arrays. A `lax.scan` over
   stacked weights slices each layer's weights out of the stack with a
   dynamic slice, which XLA's GPU compiler materialises as a weight-sized
   copy every layer and token, and a loop over layers adds a loop trip per
-  layer. hlo_check.py looks for such copies in the compiled program. The KV cache is one (batch, KV heads, length, head
-  dim) array per layer and for K and V, updated in place
-  (`lax.dynamic_update_slice` on a donated buffer); the attention contracts
-  over the minor head dimension with batch and KV heads leading, which is
-  the layout XLA's batched matrix multiplication takes without a transpose.
+  layer. hlo_check.py looks for such copies in the compiled program. The KV
+  cache is one (batch, KV heads, length, 2 x head dim) array per layer, K and
+  V side by side in the minor dimension (`Step.kv`), updated in place
+  (`lax.dynamic_update_slice` on a donated buffer) with batch and KV heads
+  leading.
 - The embedding is replicated (one row is read per token); the LM head is
   its own (vocabulary, d_model) array split over the vocabulary. With tied
   embeddings (Llama-3.2-1B) the LM head holds the embedding's values, stored
   twice so that neither use slices the other.
+
+At batch 1 the step is bound by the number of kernels more than by bytes
+(a kernel costs 1-3 us however small), so the decode step (`Step`, the
+default) is written for XLA to fuse it into few kernels, the arithmetic
+unchanged: each matrix-vector product is a product and a row reduction in
+float32 (`_mv`), which also sums x * x in the same pass, so that the RMSNorm
+factor needs no reduction kernel of its own; gate, up and that sum are one
+variadic reduction; decode attention is products and reductions (scores,
+then masked softmax and the weighted sum of V in one more kernel); K and V
+are written with one update. On one H200 running one TP=2 shard of
+Llama-3.2-1B this is 9 kernels per layer where XLA's dots gave 13
+(examples/tp_decode/profile_step.py lists them). The decode programs keep
+their whole state (token, cache, position, output tokens) in donated
+buffers that they return in place. With fresh output buffers and host-made
+positions every call, a 16-token call cost 1.3-1.9 ms more (measured from
+the latency at 16 and 64 tokens per call); XLA records buffer addresses into
+the CUDA graph of the loop body and re-records it when they move.
 
 Presets: llama3-8b (Llama-3-8B: 32 layers, d_model 4096, 32 query heads, 8
 KV heads, head dim 128, MLP 14336, vocabulary 128256), llama3.2-1b (16
 layers, d_model 2048, 32/8 heads, head dim 64, MLP 8192, vocabulary 128256,
 tied embeddings), llama3-8b-4l (the 8B widths with 4 layers) and small
 (d_model 512, 4 layers, for CPU runs). Llama-3.2's RoPE frequency scaling is
-not modelled (it changes values, not the work).
+not modelled (it changes values, not the work). `Config.shard` gives the
+widths one device holds at tensor-parallel size n, to study one device's
+share of the step on one GPU.
 """
 
 from __future__ import annotations
@@ -102,6 +116,24 @@ class Config:
     head = 0 if self.tied_embeddings else self.vocab * d
     return self.n_layers * layer + self.vocab * d + head + d
 
+  def shard(self, n: int) -> "Config":
+    """The widths one device holds at tensor-parallel size n: query and KV
+    heads, MLP width and vocabulary divided by n (d_model, head dim and
+    layers unchanged). A model of these widths on one device does the
+    per-device work of a TP=n decode step, without the all-reduces.
+
+    Raises:
+      ValueError: when n does not divide the heads, KV heads, MLP width and
+        vocabulary.
+    """
+    if self.n_heads % n or self.n_kv_heads % n or self.d_ff % n or self.vocab % n:
+      raise ValueError(f"{n} must divide the heads ({self.n_heads}), KV heads "
+                       f"({self.n_kv_heads}), MLP width ({self.d_ff}) and vocabulary "
+                       f"({self.vocab})")
+    return dataclasses.replace(self, n_heads=self.n_heads // n,
+                               n_kv_heads=self.n_kv_heads // n, d_ff=self.d_ff // n,
+                               vocab=self.vocab // n)
+
 
 PRESETS = {
     "llama3-8b": Config(4096, 32, 8, 128, 14336, 128256, 32),
@@ -111,13 +143,74 @@ PRESETS = {
 }
 
 DTYPE = jnp.bfloat16
-CACHE_SPEC = P(None, "tp", None, None)  # (batch, KV heads, length, head dim)
+CACHE_SPEC = P(None, "tp", None, None)  # (batch, KV heads, length, [K | V] head dims)
 
 
 def _mm(x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
   """x (M, K) times w (N, K) stored contracting-minor: (M, N)."""
   return lax.dot_general(x, w, (((1,), (1,)), ((), ())),
                          preferred_element_type=out_dtype)
+
+
+def _mv(x: jax.Array, ws, with_ss: bool):
+  """x (M, K) times each w (N, K) of `ws`, as a product and a row reduction
+  in float32 (one kernel that reads each weight once); with `with_ss` the
+  same reduction also sums x * x, so that every output row carries the sum
+  of squares of its x row (RMSNorm's statistic) at no extra pass.
+
+  Returns:
+    ([y (M, N) float32 per w], ss (M, N) float32 or None).
+  """
+  m, k = x.shape
+  n = ws[0].shape[0]
+  xb = x[:, None, :].astype(jnp.float32)
+  ops = [xb * w[None].astype(jnp.float32) for w in ws]
+  if with_ss:
+    ops.append(jnp.broadcast_to(xb * xb, (m, n, k)))
+  out = lax.reduce(tuple(ops), (np.float32(0),) * len(ops),
+                   lambda a, b: tuple(u + v for u, v in zip(a, b)), (2,))
+  return (list(out[:-1]), out[-1]) if with_ss else (list(out), None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """How the decode step is written; every form computes the same function
+  (in a different order of float32 summation).
+
+  Attributes:
+    mv: matrix-vector products (at most `mv_rows` rows) as "reduce" (a
+      product and a row reduction, `_mv`) or "dot" (XLA's dot, which it
+      turns into a reduction, a Triton GEMM or a cuBLAS call).
+    norm: RMSNorm's sum of squares "inrow" (carried in the next product's
+      reduction; needs mv "reduce") or "apart" (a reduction of its own).
+    glu: "inrow" (gate, up and the sum of squares in one variadic
+      reduction; needs mv "reduce") or "apart" (one product of [gate; up]).
+    attn: decode attention (one position) as "reduce" (products and
+      reductions) or "dot" (two batched matrix products).
+    kv: "fused" (one cache per layer, K and V side by side in its minor
+      dimension: one update per layer) or "split" (a K and a V cache).
+    head: the LM head's product as "mv" (like the layers', with the sum of
+      squares) or "dot".
+    head_scale: scale the logits by RMSNorm's factor. The greedy argmax does
+      not depend on a positive factor common to a row (and to every device),
+      so False skips it (ties after rounding aside).
+    mv_rows: largest M (batch x positions) that takes the `mv` forms; the
+      prefill and larger batches use XLA's dots.
+  """
+  mv: str = "reduce"
+  norm: str = "inrow"
+  glu: str = "inrow"
+  attn: str = "reduce"
+  kv: str = "fused"
+  head: str = "mv"
+  head_scale: bool = True
+  mv_rows: int = 1
+
+  @classmethod
+  def dots(cls) -> "Step":
+    """The step as first written: XLA's dots, a K and a V cache, RMSNorm's
+    statistic apart."""
+    return cls(mv="dot", norm="apart", glu="apart", attn="dot", kv="split", head="dot")
 
 
 class Model:
@@ -133,8 +226,10 @@ class Model:
       heads, MLP width and vocabulary.
   """
 
-  def __init__(self, cfg: Config, mesh: Mesh, batch: int, max_len: int):
+  def __init__(self, cfg: Config, mesh: Mesh, batch: int, max_len: int,
+               step: Step = Step()):
     self.cfg, self.mesh, self.batch, self.max_len = cfg, mesh, batch, max_len
+    self.step = step
     self.tp = tp = mesh.shape["tp"]
     if cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.d_ff % tp or cfg.vocab % tp:
       raise ValueError(f"tensor-parallel size {tp} must divide the heads "
@@ -196,29 +291,41 @@ class Model:
 
   # -- KV cache -------------------------------------------------------------
   def cache_shape(self) -> tuple[int, ...]:
-    """Global shape of one layer's K (or V) cache."""
-    return (self.batch, self.cfg.n_kv_heads, self.max_len, self.cfg.head_dim)
+    """Global shape of one layer's K (or V) cache; with kv "fused", of its
+    one cache (K and V side by side in the minor dimension)."""
+    hd = self.cfg.head_dim * (2 if self.step.kv == "fused" else 1)
+    return (self.batch, self.cfg.n_kv_heads, self.max_len, hd)
+
+  @property
+  def cache_arrays(self) -> int:
+    """Cache arrays per layer: 1 (K and V fused) or 2."""
+    return 1 if self.step.kv == "fused" else 2
 
   def kv_bytes_per_device(self) -> int:
     """Bytes of KV cache one device reads per decode step (all positions
     up to max_len of every layer's K and V: the attention reads the whole
     cache and masks the positions not yet written)."""
-    return 2 * self.cfg.n_layers * int(np.prod(self.cache_shape())) * 2 // self.tp
+    return (self.cache_arrays * self.cfg.n_layers * int(np.prod(self.cache_shape())) * 2
+            // self.tp)
 
   def init_cache(self) -> list:
-    """Zeroed cache: per layer a pair (k, v), each `cache_shape()` bfloat16
-    sharded over KV heads."""
+    """Zeroed cache: per layer a tuple (k, v), or (kv,) with kv "fused", each
+    `cache_shape()` bfloat16 sharded over KV heads."""
     z = jax.jit(lambda: jnp.zeros(self.cache_shape(), DTYPE),
                 out_shardings=NamedSharding(self.mesh, CACHE_SPEC))
-    return [(z(), z()) for _ in range(self.cfg.n_layers)]
+    return [tuple(z() for _ in range(self.cache_arrays)) for _ in range(self.cfg.n_layers)]
 
   def cache_specs(self) -> list:
-    """The cache's layout, per layer (CACHE_SPEC, CACHE_SPEC)."""
-    return [(CACHE_SPEC, CACHE_SPEC)] * self.cfg.n_layers
+    """The cache's layout, per layer a tuple of CACHE_SPEC."""
+    return [(CACHE_SPEC,) * self.cache_arrays] * self.cfg.n_layers
 
   # -- the model, per device (inside shard_map) ----------------------------
-  def _rms_scale(self, x):
-    """RMSNorm's per-row factor of x (M, D): (M, 1) float32."""
+  def _rms_scale(self, x, ss=None):
+    """RMSNorm's per-row factor of x (M, D): (M, 1) float32; from `ss`, the
+    sums of squares of x's rows that `_mv` carried along each output row,
+    (M, N)."""
+    if ss is not None:
+      return lax.rsqrt(ss / x.shape[-1] + self.cfg.norm_eps)
     x32 = x.astype(jnp.float32)
     return lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + self.cfg.norm_eps)
 
@@ -231,47 +338,110 @@ class Model:
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
-  def _layer(self, lp, x, kc, vc, pos, psum_fn: PsumFn):
+  def _vec(self, m: int) -> bool:
+    """Whether products of m rows take the `_mv` form."""
+    return self.step.mv == "reduce" and m <= self.step.mv_rows
+
+  def _layer(self, lp, x, cache, pos, psum_fn: PsumFn):
     """One decoder layer on x (B, T, D) at positions pos .. pos + T - 1; the
-    new keys and values are written into kc / vc (B, KV/tp, S, hd)."""
-    c = self.cfg
+    new keys and values are written into the layer's cache (B, KV/tp, S,
+    hd), a tuple (k, v) or (kv,)."""
+    c, st = self.cfg, self.step
     b, t, d = x.shape
     hd, hl, kl = c.head_dim, self.h_loc, self.kv_loc
     g = hl // kl
+    vec = self._vec(b * t)
     xf = x.reshape(b * t, d)
-    qkv = _mm(xf, lp["wqkv"]) * self._rms_scale(xf)
+    if vec:
+      (y,), ss = _mv(xf, [lp["wqkv"]], st.norm == "inrow")
+      qkv = y.astype(DTYPE) * self._rms_scale(xf, ss)
+    else:
+      qkv = _mm(xf, lp["wqkv"]) * self._rms_scale(xf)
     q = qkv[:, :hl * hd].reshape(b, t, hl, hd)
     k = qkv[:, hl * hd:(hl + kl) * hd].reshape(b, t, kl, hd)
     v = qkv[:, (hl + kl) * hd:].reshape(b, t, kl, hd)
     positions = pos + jnp.arange(t, dtype=jnp.int32)
     q, k = self._rope(q, positions).astype(DTYPE), self._rope(k, positions)
-    kc = lax.dynamic_update_slice(kc, k.astype(DTYPE).transpose(0, 2, 1, 3), (0, 0, pos, 0))
-    vc = lax.dynamic_update_slice(vc, v.astype(DTYPE).transpose(0, 2, 1, 3), (0, 0, pos, 0))
-    # Rows (t, g) of each KV head's query group: (B, KV, T * G, hd).
-    qg = q.reshape(b, t, kl, g, hd).transpose(0, 2, 1, 3, 4).reshape(b, kl, t * g, hd)
-    s = jnp.einsum("bkrd,bksd->bkrs", qg, kc, preferred_element_type=jnp.float32)
-    s = s * (hd ** -0.5)
-    mask = jnp.arange(self.max_len)[None, :] <= jnp.repeat(positions, g)[:, None]
-    p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), -1).astype(DTYPE)
-    o = jnp.einsum("bkrs,bksd->bkrd", p, vc)  # (B, KV, T * G, hd)
-    o = o.reshape(b, kl, t, g, hd).transpose(0, 2, 1, 3, 4).reshape(b * t, hl * hd)
-    x = x + psum_fn(_mm(o, lp["wo"]).reshape(b, t, d), "tp")
+    k, v = k.astype(DTYPE).transpose(0, 2, 1, 3), v.astype(DTYPE).transpose(0, 2, 1, 3)
+    if st.kv == "fused":
+      (kv,) = cache
+      kv = lax.dynamic_update_slice(kv, jnp.concatenate([k, v], -1), (0, 0, pos, 0))
+      cache = (kv,)
+      kc, vc = kv[..., :hd], kv[..., hd:]
+    else:
+      kc, vc = cache
+      kc = lax.dynamic_update_slice(kc, k, (0, 0, pos, 0))
+      vc = lax.dynamic_update_slice(vc, v, (0, 0, pos, 0))
+      cache = (kc, vc)
+    if st.attn == "reduce" and t == 1:
+      # Each KV head's query group against the whole cache (masked beyond
+      # pos): the scores in one reduction over hd, the softmax and the sum
+      # of V over the positions in the next (XLA fuses them).
+      qg = q.reshape(b, kl, g, hd).astype(jnp.float32)
+      s = jnp.sum(qg[:, :, :, None, :] * kc[:, :, None].astype(jnp.float32), -1)
+      s = s * (hd ** -0.5)  # (B, KV, G, S)
+      mask = jnp.arange(self.max_len) <= pos
+      p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), -1).astype(DTYPE)
+      o = jnp.sum(p[..., None].astype(jnp.float32) * vc[:, :, None].astype(jnp.float32),
+                  3).astype(DTYPE)  # (B, KV, G, hd)
+      o = o.reshape(b * t, hl * hd)
+    else:
+      # Rows (t, g) of each KV head's query group: (B, KV, T * G, hd).
+      qg = q.reshape(b, t, kl, g, hd).transpose(0, 2, 1, 3, 4).reshape(b, kl, t * g, hd)
+      s = jnp.einsum("bkrd,bksd->bkrs", qg, kc, preferred_element_type=jnp.float32)
+      s = s * (hd ** -0.5)
+      mask = jnp.arange(self.max_len)[None, :] <= jnp.repeat(positions, g)[:, None]
+      p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), -1).astype(DTYPE)
+      o = jnp.einsum("bkrs,bksd->bkrd", p, vc)  # (B, KV, T * G, hd)
+      o = o.reshape(b, kl, t, g, hd).transpose(0, 2, 1, 3, 4).reshape(b * t, hl * hd)
+    if vec:
+      (ao,), _ = _mv(o, [lp["wo"]], False)
+      ao = ao.astype(DTYPE)
+    else:
+      ao = _mm(o, lp["wo"])
+    x = x + psum_fn(ao.reshape(b, t, d), "tp")
     xf = x.reshape(b * t, d)
-    gu = _mm(xf, lp["wgu"]).astype(jnp.float32) * self._rms_scale(xf)
-    m = (jax.nn.silu(gu[:, :self.f_loc]) * gu[:, self.f_loc:]).astype(DTYPE)
-    x = x + psum_fn(_mm(m, lp["wdown"]).reshape(b, t, d), "tp")
-    return x, kc, vc
+    f = self.f_loc
+    if vec and st.glu == "inrow":
+      (gt, up), ss = _mv(xf, [lp["wgu"][:f], lp["wgu"][f:]], True)
+      r = self._rms_scale(xf, ss)
+      gt = gt.astype(DTYPE).astype(jnp.float32) * r
+      up = up.astype(DTYPE).astype(jnp.float32) * r
+    else:
+      if vec:
+        (gu,), ss = _mv(xf, [lp["wgu"]], st.norm == "inrow")
+        gu = gu.astype(DTYPE).astype(jnp.float32) * self._rms_scale(xf, ss)
+      else:
+        gu = _mm(xf, lp["wgu"]).astype(jnp.float32) * self._rms_scale(xf)
+      gt, up = gu[:, :f], gu[:, f:]
+    m = (jax.nn.silu(gt) * up).astype(DTYPE)
+    if vec:
+      (dn,), _ = _mv(m, [lp["wdown"]], False)
+      dn = dn.astype(DTYPE)
+    else:
+      dn = _mm(m, lp["wdown"])
+    x = x + psum_fn(dn.reshape(b, t, d), "tp")
+    return x, cache
 
   def _forward(self, params, tokens, cache, pos, psum_fn: PsumFn):
     """tokens (B, T) at positions pos ..: the greedy next token (B,) int32
     after the last position, and the updated cache."""
     x = params["embed"][tokens]  # (B, T, D)
     new_cache = []
-    for lp, (kc, vc) in zip(params["layers"], cache):  # unrolled
-      x, kc, vc = self._layer(lp, x, kc, vc, pos, psum_fn)
-      new_cache.append((kc, vc))
+    for i, (lp, cl) in enumerate(zip(params["layers"], cache)):  # unrolled
+      with jax.named_scope(f"layer{i}"):  # names the layer in profiles and HLO
+        x, cl = self._layer(lp, x, cl, pos, psum_fn)
+      new_cache.append(cl)
     xl = x[:, -1]
-    logits = _mm(xl, params["lm_head"], jnp.float32) * self._rms_scale(xl)  # (B, V/tp)
+    st = self.step
+    if st.head == "mv" and self._vec(xl.shape[0]):
+      (logits,), ss = _mv(xl, [params["lm_head"]], st.norm == "inrow" and st.head_scale)
+      if st.head_scale:
+        logits = logits * self._rms_scale(xl, ss)
+    else:
+      logits = _mm(xl, params["lm_head"], jnp.float32)  # (B, V/tp)
+      if st.head_scale:
+        logits = logits * self._rms_scale(xl)
     # Greedy argmax over the vocabulary split across devices: every device
     # puts its (max, global index) in its own slot; one all-reduce shares
     # them. Ties go to the lowest device, as argmax over the whole row.
@@ -301,31 +471,38 @@ class Model:
     return jax.jit(g, donate_argnums=(2,))
 
   def decode_step(self, psum_fn: PsumFn):
-    """Jitted ``step(params, tok, cache, pos) -> (tok, cache)``: one token
-    (B,) int32 at position pos (int32 scalar); the cache is donated."""
+    """Jitted ``step(params, tok, cache, pos) -> (tok, cache, pos)``: one
+    token (B,) int32 at position pos (int32 scalar); cache and pos are
+    donated and returned in place (pos + 1)."""
     def f(params, tok, cache, pos):
-      return self._forward(params, tok[:, None], cache, pos, psum_fn)
+      tok, cache = self._forward(params, tok[:, None], cache, pos, psum_fn)
+      return tok, cache, pos + 1
     g = self._sharded(f, (self.param_specs, P(), self.cache_specs(), P()),
-                      (P(), self.cache_specs()))
-    return jax.jit(g, donate_argnums=(2,))
+                      (P(), self.cache_specs(), P()))
+    return jax.jit(g, donate_argnums=(2, 3))
 
   def decode_scan(self, psum_fn: PsumFn, n_tokens: int):
-    """Jitted ``decode(params, tok, cache, pos) -> (toks, tok, cache)``:
-    greedy decoding of n_tokens tokens in one `lax.scan` from tok (B,) int32
-    at position pos; toks is (n_tokens, B) int32, tok its last row (the next
-    input); the cache is donated."""
-    def f(params, tok, cache, pos):
+    """Jitted ``decode(params, tok, cache, pos, toks) -> (toks, tok, cache,
+    pos)``: greedy decoding of n_tokens tokens in one `lax.scan` from tok
+    (B,) int32 at position pos (int32 scalar), the tokens written into toks
+    (n_tokens, B) int32, tok the last of them (the next input), pos advanced
+    by n_tokens. Every argument but the weights is donated and returned in
+    place, so that the decode state keeps its buffers from call to call
+    (XLA's CUDA graphs record buffer addresses)."""
+    def f(params, tok, cache, pos, toks):
       def body(carry, _):
-        tok, cache, pos = carry
+        tok, cache, pos, toks, i = carry
         tok, cache = self._forward(params, tok[:, None], cache, pos, psum_fn)
-        return (tok, cache, pos + 1), tok
-      (tok, cache, _), toks = lax.scan(body, (tok, cache, pos), None, length=n_tokens)
-      return toks, tok, cache
-    g = self._sharded(f, (self.param_specs, P(), self.cache_specs(), P()),
-                      (P(), P(), self.cache_specs()))
-    return jax.jit(g, donate_argnums=(2,))
+        toks = lax.dynamic_update_slice(toks, tok[None], (i, 0))
+        return (tok, cache, pos + 1, toks, i + 1), None
+      (tok, cache, pos, toks, _), _ = lax.scan(
+          body, (tok, cache, pos, toks, jnp.int32(0)), None, length=n_tokens)
+      return toks, tok, cache, pos
+    g = self._sharded(f, (self.param_specs, P(), self.cache_specs(), P(), P()),
+                      (P(), P(), self.cache_specs(), P()))
+    return jax.jit(g, donate_argnums=(1, 2, 3, 4))
 
 
-def build(cfg: Config, mesh: Mesh, batch: int, max_len: int) -> Model:
+def build(cfg: Config, mesh: Mesh, batch: int, max_len: int, step: Step = Step()) -> Model:
   """The `Model` of `cfg` on `mesh` (see `Model`)."""
-  return Model(cfg, mesh, batch, max_len)
+  return Model(cfg, mesh, batch, max_len, step)

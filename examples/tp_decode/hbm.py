@@ -1,0 +1,50 @@
+"""HBM bandwidth per device, for the weight-read floor of the decode step."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def measure_bandwidth(mesh, nbytes: int, calls: int = 10) -> dict:
+  """HBM bandwidth per device from large bfloat16 kernels, each device on
+  its own `nbytes` array: ``copy_gbs`` from an elementwise multiply (bytes
+  read + written per second) and ``read_gbs`` from a sum (bytes read per
+  second). Each is the slope between programs of 1 and 5 kernels separated
+  by optimisation barriers (median of `calls` calls each, alternating), so
+  that a call's fixed cost cancels. GB = 1e9 bytes."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  n = nbytes // 2
+  x = jax.jit(lambda: jnp.ones((mesh.size * n,), jnp.bfloat16),
+              out_shardings=NamedSharding(mesh, P("tp")))()
+
+  def prog(kind, k):
+    def body(v):
+      acc = jnp.zeros((), jnp.float32)
+      for i in range(k):
+        if kind == "copy":
+          v = lax.optimization_barrier(v * jnp.bfloat16(1.0 + 2.0 ** -7 * (i + 1)))
+        else:
+          v, acc = lax.optimization_barrier((v, acc + jnp.sum(v, dtype=jnp.float32)))
+      return v[:1].astype(jnp.float32) + acc
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("tp"), out_specs=P("tp"),
+                                 check_vma=False))
+
+  out = {"bytes_per_device": n * 2}
+  for kind, moved in (("copy", 4 * n), ("read", 2 * n)):
+    f1, f5 = prog(kind, 1), prog(kind, 5)
+    f1(x).block_until_ready()
+    f5(x).block_until_ready()
+    t1, t5 = [], []
+    for _ in range(calls):
+      for f, ts in ((f1, t1), (f5, t5)):
+        t0 = time.perf_counter()
+        f(x).block_until_ready()
+        ts.append(time.perf_counter() - t0)
+    per_kernel = (statistics.median(t5) - statistics.median(t1)) / 4
+    out[f"{kind}_gbs"] = moved / per_kernel / 1e9 if per_kernel > 0 else float("nan")
+  del x
+  return out
