@@ -26,10 +26,19 @@
 #           one process each
 #   cg      python examples/cg_solver/main.py (conjugate gradient, time per
 #           iteration against grid size)
+#   loopback  python -m jax_llar.tools.loopback: world sizes 2-16 simulated on
+#           ONE GPU (the protocol logic and the reduction, not NVLink, no
+#           timings): the matrix with and without synchronising the ranks
+#           between calls, from epoch 0 and from across the re-zeroing window
+#           and the 32-bit flag wrap, the generic kernel for 2, 4 and 8 ranks,
+#           and a rank left out of one call (the others must end in the
+#           bounded-wait error; child processes). Writes $OUT/loopback*.json.
 # Environment: BENCH_ARGS, FLAGS_ARGS, KBENCH_ARGS, SOL_ARGS, GRAPH_ARGS,
-# DEMO_ARGS, SWEEP_ARGS, LOOP_ARGS, LOOPFLAGS_ARGS, CG_ARGS (extra flags of
-# those commands), LLAR_GIT_COMMIT (the commit to record in result files when
-# this copy of the tree is not a git checkout of it), TEST_ARGS (extra pytest
+# DEMO_ARGS, SWEEP_ARGS, LOOP_ARGS, LOOPFLAGS_ARGS, CG_ARGS, LOOPBACK_ARGS
+# (extra flags of those commands; LOOPBACK_ARGS go to the three matrix runs of
+# the loopback stage, LOOPBACK_FAULT_ARGS to its fault run), LLAR_GIT_COMMIT
+# (the commit to record in result files when this copy of the tree is not a
+# git checkout of it), TEST_ARGS (extra pytest
 # arguments), SOL_KERNEL_JSON (a kernel-level result for sol; default: the
 # kbench stage's), STAGE_TIMEOUT (seconds per stage, default 900), PY.
 set -u
@@ -64,6 +73,26 @@ run_stage() {
   nvcc --version | tail -n 2
 } >"$OUT/env.log" 2>&1
 
+# The loopback stage: three matrix runs and a fault run of the loopback tool
+# (run through `bash -c`, hence exported).
+LOOPBACK_SIZES=4,6,100,1000,1024,4096,65536,98304,131072,262144
+loopback_stage() {
+  local rc=0 tool="$PY -m jax_llar.tools.loopback"
+  $tool --json "$OUT/loopback.json" --sizes=$LOOPBACK_SIZES \
+    --start_epochs=0,4294967270 ${LOOPBACK_ARGS:-} || rc=1
+  $tool --json "$OUT/loopback-nosync.json" --no_sync --sizes=$LOOPBACK_SIZES \
+    --start_epochs=0,4294967270 ${LOOPBACK_ARGS:-} || rc=1
+  $tool --json "$OUT/loopback-generic.json" --generic --no_sync --worlds=2,4,8 \
+    --sizes=$LOOPBACK_SIZES ${LOOPBACK_ARGS:-} || rc=1
+  $tool --json "$OUT/loopback-fault.json" --skip_rank=1 --skip_call=5 --calls=8 \
+    --worlds=2,5,16 --dtypes=float32 --sizes=4096 --timeout_ms=1000 \
+    ${LOOPBACK_FAULT_ARGS:-} || rc=1
+  return $rc
+}
+export -f loopback_stage
+export OUT PY LOOPBACK_SIZES LOOPBACK_ARGS="${LOOPBACK_ARGS:-}" \
+  LOOPBACK_FAULT_ARGS="${LOOPBACK_FAULT_ARGS:-}"
+
 for s in "${stages[@]}"; do
   case $s in
     build) run_stage build $PY -m pip install --no-build-isolation --no-deps -v -e . || break ;;
@@ -79,6 +108,7 @@ for s in "${stages[@]}"; do
     loop) run_stage loop $PY -m jax_llar.tools.bench --level loop --out "$OUT" ${LOOP_ARGS:-} ;;
     loopflags) run_stage loopflags $PY -m jax_llar.tools.bench --level loop --loop_flags --sizes=1024 --flag_timeout=420 --tag=-flags --out "$OUT" ${LOOPFLAGS_ARGS:-} ;;
     cg) run_stage cg $PY examples/cg_solver/main.py --out "$OUT" ${CG_ARGS:-} ;;
+    loopback) run_stage loopback bash -c loopback_stage ;;
     *) log "unknown stage $s" ;;
   esac
 done
@@ -93,5 +123,6 @@ grep -A12 "^lax.psum under XLA flags" "$OUT/flags.log" 2>/dev/null
 grep -A30 "^inter-token latency" "$OUT/demo.log" 2>/dev/null
 tail -n 45 "$OUT/loop.log" 2>/dev/null
 grep -E '"in_command_buffer": (true|false)' "$OUT/graph.log" 2>/dev/null | tail -n 1
+grep -E "^(cases:|stopped:|note:)| (FAIL|ERROR)" "$OUT/loopback.log" 2>/dev/null | head -n 40
 # The device tool returns at most 8 files: pack the logs into one.
 (cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log)

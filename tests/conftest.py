@@ -4,10 +4,13 @@ CPU mode (the default): the CPU test files in this directory run on 8 forced
 host devices and build meshes of 2, 4 and 8 of them. XLA reads
 ``--xla_force_host_platform_device_count`` only when JAX starts its CPU
 backend, so the flag is set here, before any test module imports jax.
-``tests/gpu/`` is collected too; its own conftest skips it, with the reason.
+``tests/gpu/`` and ``tests/gpu1/`` are collected too; their own conftests skip
+them, with the reason.
 
 GPU mode (``JAX_LLAR_TEST_GPU=1``): nothing is changed, JAX sees the real
-accelerators, and only ``tests/gpu/`` is collected.
+accelerators, and only the GPU folders are collected: ``tests/gpu/`` (2+
+GPUs) and ``tests/gpu1/`` (one GPU: the loopback harness), each with its own
+skip reason.
 """
 
 from __future__ import annotations

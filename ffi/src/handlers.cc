@@ -1,5 +1,7 @@
-// XLA FFI handlers of jax_llar_all_reduce. Thin by design: decode, look up
-// the device context, fill the argument block, launch.
+// XLA FFI handlers of jax_llar_all_reduce and of the fused
+// jax_llar_all_reduce_add_rms_norm (below the all-reduce's, same stages and
+// rules). Thin by design: decode, look up the device context, fill the
+// argument block, launch.
 //
 //   instantiate  checks the static attributes once per executable: the
 //                communicator set exists in this process with the devices the
@@ -98,6 +100,86 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
   return ffi::Error::Success();
 }
 
+// jax_llar_all_reduce_add_rms_norm: the fused all-reduce + residual add +
+// RMSNorm (kernels/one_shot_ll_add_rms_norm.cuh), operands (x, residual,
+// weight), results (normed, new_residual). Instantiate checks the
+// communicator set as the all-reduce's does; execute checks dtypes, shapes
+// and the grid rule (a refusal is an error: the lowering decides, from the
+// same rule, where the fused call is emitted) and launches.
+ffi::Error AddRmsNormInstantiate(int64_t comm_id, int64_t comm_key, float eps) {
+  (void)eps;
+  return AllReduceInstantiate(comm_id, comm_key,
+                              static_cast<int64_t>(Algorithm::kOneShotLL));
+}
+
+bool SameShape(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
+  const auto da = a.dimensions();
+  const auto db = b.dimensions();
+  if (da.size() != db.size()) return false;
+  for (size_t i = 0; i < da.size(); ++i) {
+    if (da[i] != db[i]) return false;
+  }
+  return a.element_type() == b.element_type();
+}
+
+ffi::Error AddRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,
+                             ffi::AnyBuffer residual, ffi::AnyBuffer weight,
+                             ffi::Result<ffi::AnyBuffer> normed,
+                             ffi::Result<ffi::AnyBuffer> new_residual, int64_t comm_id,
+                             int64_t comm_key, float eps) {
+  (void)comm_key;  // checked at instantiate
+  const DeviceContext* ctx = Lookup(comm_id, ordinal);
+  if (ctx == nullptr) {
+    return ffi::Error::InvalidArgument(
+        "jax_llar: no communicator " + std::to_string(comm_id) +
+        " on CUDA device " + std::to_string(ordinal));
+  }
+  DType dtype, weight_dtype;
+  const auto dims = x.dimensions();
+  if (!ToDType(x.element_type(), &dtype) || dtype == DType::kI32 || dims.size() < 1 ||
+      !SameShape(residual, x) || !SameShape(*normed, x) || !SameShape(*new_residual, x)) {
+    return ffi::Error::InvalidArgument(
+        "jax_llar add_rms_norm: x must be float32, bfloat16 or float16 of rank >= 1, "
+        "and residual, normed and new_residual of x's shape and dtype");
+  }
+  const int64_t d = dims[dims.size() - 1];
+  const auto wdims = weight.dimensions();
+  if (wdims.size() != 1 || wdims[0] != d || !ToDType(weight.element_type(), &weight_dtype) ||
+      (weight_dtype != dtype && weight_dtype != DType::kF32)) {
+    return ffi::Error::InvalidArgument(
+        "jax_llar add_rms_norm: weight must have shape (d,) (x's last dimension) and "
+        "x's dtype or float32");
+  }
+  if (x.element_count() == 0) return ffi::Error::Success();
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) rows *= dims[i];
+  const uint32_t itemsize = dtype == DType::kF32 ? 4u : 2u;
+  AddRmsNormGrid grid;
+  if (rows > kMaxBlocks || d > static_cast<int64_t>(kOneShotMaxBytes) ||
+      !AddRmsNormGridFor(static_cast<uint32_t>(rows), static_cast<uint32_t>(d), itemsize,
+                         &grid)) {
+    return ffi::Error::InvalidArgument(
+        "jax_llar add_rms_norm: " + std::to_string(rows) + " rows of " + std::to_string(d) +
+        " elements are not served by the fused kernel (grid rule: AddRmsNormGridFor)");
+  }
+  AddRmsNormArgs a{};
+  a.all_reduce = ctx->base;
+  a.all_reduce.in = x.untyped_data();
+  a.all_reduce.out = normed->untyped_data();
+  a.residual = residual.untyped_data();
+  a.weight = weight.untyped_data();
+  a.new_residual = new_residual->untyped_data();
+  a.eps = eps;
+  a.d = static_cast<uint32_t>(d);
+  a.rows = static_cast<uint16_t>(rows);
+  const cudaError_t e = LaunchOneShotLLAddRmsNorm(a, dtype, weight_dtype, stream);
+  if (e != cudaSuccess) {
+    return ffi::Error::Internal(std::string("jax_llar: fused kernel launch failed: ") +
+                                cudaGetErrorString(e));
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER(kAllReduceInstantiate, AllReduceInstantiate,
@@ -116,6 +198,31 @@ XLA_FFI_DEFINE_HANDLER(kAllReduceExecute, AllReduceExecute,
                            .Attr<int64_t>("comm_key")
                            .Attr<int64_t>("algorithm"),
                        {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER(kAddRmsNormInstantiate, AddRmsNormInstantiate,
+                       ffi::Ffi::BindInstantiate()
+                           .Attr<int64_t>("comm_id")
+                           .Attr<int64_t>("comm_key")
+                           .Attr<float>("eps"));
+
+XLA_FFI_DEFINE_HANDLER(kAddRmsNormExecute, AddRmsNormExecute,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                           .Ctx<ffi::DeviceOrdinal>()
+                           .Arg<ffi::AnyBuffer>()   // x
+                           .Arg<ffi::AnyBuffer>()   // residual
+                           .Arg<ffi::AnyBuffer>()   // weight
+                           .Ret<ffi::AnyBuffer>()   // normed
+                           .Ret<ffi::AnyBuffer>()   // new_residual
+                           .Attr<int64_t>("comm_id")
+                           .Attr<int64_t>("comm_key")
+                           .Attr<float>("eps"),
+                       {ffi::Traits::kCmdBufferCompatible});
+
+AllReduceHandlers GetAddRmsNormHandlers() {
+  return {reinterpret_cast<void*>(kAddRmsNormInstantiate),
+          reinterpret_cast<void*>(kAddRmsNormExecute)};
+}
 
 AllReduceHandlers GetAllReduceHandlers() {
   return {reinterpret_cast<void*>(kAllReduceInstantiate),

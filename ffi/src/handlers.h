@@ -1,5 +1,6 @@
-// FFI handlers of the all-reduce (defined in handlers.cc), handed to Python
-// as capsules by module.cc.
+// FFI handlers of the all-reduce and of the fused all-reduce + residual add
+// + RMSNorm (defined in handlers.cc), handed to Python as capsules by
+// module.cc.
 #ifndef LLAR_HANDLERS_H_
 #define LLAR_HANDLERS_H_
 
@@ -12,7 +13,8 @@ struct AllReduceHandlers {
   void* execute;
 };
 
-LLAR_API AllReduceHandlers GetAllReduceHandlers();
+LLAR_API AllReduceHandlers GetAllReduceHandlers();   // jax_llar_all_reduce
+LLAR_API AllReduceHandlers GetAddRmsNormHandlers();  // jax_llar_all_reduce_add_rms_norm
 
 }  // namespace llar
 

@@ -24,8 +24,13 @@ NB_MODULE(_llar, m) {
     nb::dict all_reduce;
     all_reduce["instantiate"] = nb::capsule(h.instantiate);
     all_reduce["execute"] = nb::capsule(h.execute);
+    const llar::AllReduceHandlers f = llar::GetAddRmsNormHandlers();
+    nb::dict add_rms_norm;
+    add_rms_norm["instantiate"] = nb::capsule(f.instantiate);
+    add_rms_norm["execute"] = nb::capsule(f.execute);
     nb::dict out;
     out["jax_llar_all_reduce"] = all_reduce;
+    out["jax_llar_all_reduce_add_rms_norm"] = add_rms_norm;
     return out;
   }, "Target name -> dict of FFI stage -> capsule.");
 
@@ -81,4 +86,23 @@ NB_MODULE(_llar, m) {
   m.attr("ALGORITHMS") = algorithms;
   m.attr("MAX_BYTES") = max_bytes;
   m.attr("MAX_RANKS") = llar::kMaxRanks;
+
+  // The fused all-reduce + residual add + RMSNorm (jax_llar_all_reduce_add_rms_norm):
+  // its largest payload per rank (x's bytes), the constants of its grid rule
+  // and the rule itself (kernels/kernels.h, AddRmsNormGridFor), which the
+  // Python lowering mirrors.
+  m.attr("FUSED_MAX_BYTES") = llar::kOneShotMaxBytes;
+  m.attr("FUSED_BLOCK_LINES") = llar::kAddRmsNormBlockLines;
+  m.attr("FUSED_MAX_CLUSTER_BLOCKS") = llar::kAddRmsNormMaxClusterBlocks;
+  m.def(
+      "add_rms_norm_grid",
+      [](uint32_t rows, uint32_t d, uint32_t itemsize) -> nb::object {
+        llar::AddRmsNormGrid g;
+        if (!llar::AddRmsNormGridFor(rows, d, itemsize, &g)) return nb::none();
+        return nb::make_tuple(g.blocks, g.cluster_blocks, g.lines_per_block, g.threads);
+      },
+      nb::arg("rows"), nb::arg("d"), nb::arg("itemsize"),
+      "The fused kernel's grid for `rows` rows of `d` elements of `itemsize` bytes: "
+      "(blocks, cluster_blocks, lines_per_block, threads), or None when not served. "
+      "Pure; makes no CUDA call.");
 }

@@ -149,6 +149,7 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
     void* peers[kMaxRanks] = {};
     CheckCuda(ReadLsaPointers(d.window, n, peers), "reading LSA peer pointers");
     CheckCuda(PreloadOneShotLL(), "loading the one-shot kernels");
+    CheckCuda(PreloadOneShotLLAddRmsNorm(), "loading the fused add + RMSNorm kernels");
 
     DeviceContext& c = d.context;
     c.ordinal = group[i];

@@ -1,27 +1,96 @@
 // Python module `jax_llar.tools._llar_tools`: what production does not need.
 // The copy targets' FFI capsules, the kernel bench, the speed-of-light
-// probes, the call trace and the test hooks. It links the core library of
+// probes, the call trace, the test hooks and the loopback harness. It links the core library of
 // jax_llar._llar and works on that module's communicator sets, so import it
 // only after jax_llar._ext.load() has returned the production module (which
 // binds the process's libnccl.so.2 first). Importing it makes no CUDA call,
 // nor does registrations() while no communicator set exists.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "copy.h"
 #include "hooks.h"
 #include "kernel_bench.h"
 #include "llar/args.h"
+#include "loopback.h"
+#include "loopback_add_rms_norm.h"
 #include "one_shot_ll_diag.h"
 #include "preload.h"
 #include "sol.h"
 
 namespace nb = nanobind;
+
+namespace {
+
+// The loopback harness's inputs: (n_sets, world, n) of any element type, C order.
+using LoopbackInputs =
+    nb::ndarray<nb::ro, nb::ndim<3>, nb::c_contig, nb::device::cpu>;
+
+llar::LoopbackSpec MakeLoopbackSpec(int world, uint32_t n_bytes, int dtype, int calls,
+                                    bool sync, int keep, int64_t algorithm, bool generic,
+                                    uint32_t block_lines, double timeout_ms,
+                                    uint64_t start_epoch, uint32_t misalign, int skip_rank,
+                                    int skip_call, int32_t ordinal) {
+  llar::LoopbackSpec s;
+  s.ordinal = ordinal;
+  s.world = world;
+  s.dtype = static_cast<llar::DType>(dtype);
+  s.n_bytes = n_bytes;
+  s.algorithm = algorithm;
+  s.generic = generic;
+  s.block_lines = block_lines;
+  if (!(timeout_ms > 0) || timeout_ms > 600000) {
+    throw std::invalid_argument("jax_llar loopback: the timeout must be 1-600000 ms");
+  }
+  s.timeout_ns = static_cast<uint64_t>(timeout_ms * 1e6);
+  s.calls = calls;
+  s.sync_between_calls = sync;
+  s.keep = keep;
+  s.start_epoch = start_epoch;
+  s.misalign = misalign;
+  s.skip_rank = skip_rank;
+  s.skip_call = skip_call;
+  return s;
+}
+
+nb::dict PlanDict(const llar::LoopbackPlan& p) {
+  nb::dict d;
+  d["blocks"] = p.blocks;
+  d["lines_per_block"] = p.lines_per_block;
+  d["threads"] = p.threads;
+  d["regs_per_thread"] = p.regs_per_thread;
+  d["blocks_per_sm"] = p.blocks_per_sm;
+  d["sms"] = p.sms;
+  d["co_resident"] = p.co_resident;
+  d["generic_kernel"] = p.generic_kernel;
+  d["device_bytes"] = p.device_bytes;
+  return d;
+}
+
+nb::dict RecordDict(const llar::ErrorRecord& r) {
+  nb::dict d;
+  d["code"] = r.code;
+  d["rank"] = r.rank;
+  d["peer"] = r.peer;
+  d["block"] = r.block;
+  d["line"] = r.line;
+  d["flag_expected"] = r.flag_expected;
+  d["flag_seen"] = r.flag_seen;
+  d["flag_seen2"] = r.flag_seen2;
+  d["epoch"] = r.epoch;
+  d["waited_ns"] = r.waited_ns;
+  return d;
+}
+
+}  // namespace
 
 NB_MODULE(_llar_tools, m) {
   m.doc() = "jax_llar native tools: kernel bench, speed of light, call trace, "
@@ -125,6 +194,103 @@ NB_MODULE(_llar_tools, m) {
       "the trace was never enabled.");
   m.attr("TRACE_SLOTS") = llar::kTraceSlots;
 
+  m.def(
+      "loopback_plan",
+      [](int world, uint32_t n_bytes, int dtype, int calls, int keep, int n_sets,
+         int64_t algorithm, bool generic, uint32_t block_lines, int32_t ordinal) {
+        const llar::LoopbackSpec s =
+            MakeLoopbackSpec(world, n_bytes, dtype, calls, true, keep, algorithm, generic,
+                             block_lines, 1000.0, 0, 0, -1, 0, ordinal);
+        llar::LoopbackPlan p;
+        {
+          nb::gil_scoped_release release;
+          p = llar::PlanLoopback(s, n_sets);
+        }
+        return PlanDict(p);
+      },
+      nb::arg("world"), nb::arg("n_bytes"), nb::arg("dtype"), nb::arg("calls") = 1,
+      nb::arg("keep") = 0, nb::arg("n_sets") = 1,
+      nb::arg("algorithm") = static_cast<int64_t>(llar::Algorithm::kOneShotLL),
+      nb::arg("generic") = false, nb::arg("block_lines") = 0, nb::arg("ordinal") = 0,
+      "The loopback harness's plan for one case, without running it: the grid "
+      "per rank (blocks, lines_per_block, threads), the kernel's regs_per_thread "
+      "and blocks_per_sm, the device's sms, co_resident (all ranks' grids fit at "
+      "once), generic_kernel and device_bytes. ValueError for a bad case.");
+
+  m.def(
+      "loopback",
+      [](LoopbackInputs inputs, int dtype, int calls, bool sync, int keep,
+         int64_t algorithm, bool generic, uint32_t block_lines, double timeout_ms,
+         uint64_t start_epoch, uint32_t misalign, int skip_rank, int skip_call,
+         int32_t ordinal) {
+        const size_t n_sets = inputs.shape(0);
+        const size_t world = inputs.shape(1);
+        const size_t n_bytes = inputs.shape(2) * inputs.itemsize();
+        if (n_sets < 1 || n_sets > 1024 || world > 64 || n_bytes > (size_t(1) << 31)) {
+          throw std::invalid_argument(
+              "jax_llar loopback: inputs must be shaped (n_sets, world, n) with "
+              "1-1024 sets");
+        }
+        const llar::LoopbackSpec s = MakeLoopbackSpec(
+            static_cast<int>(world), static_cast<uint32_t>(n_bytes), dtype, calls, sync, keep,
+            algorithm, generic, block_lines, timeout_ms, start_epoch, misalign, skip_rank,
+            skip_call, ordinal);
+        const auto* data = static_cast<const uint8_t*>(inputs.data());
+        llar::LoopbackResult r;
+        {
+          nb::gil_scoped_release release;
+          r = llar::RunLoopback(s, data, static_cast<int>(n_sets));
+        }
+        auto* out = new std::vector<uint8_t>(std::move(r.outputs));
+        out->reserve(1);  // a valid data pointer also when no output came back
+        nb::capsule owner(out, [](void* p) noexcept {
+          delete static_cast<std::vector<uint8_t>*>(p);
+        });
+        const size_t kept = out->empty() ? 0 : static_cast<size_t>(r.kept);
+        const size_t shape[3] = {kept, world, n_bytes};
+        nb::dict d;
+        d["outputs"] = nb::ndarray<nb::numpy, uint8_t, nb::ndim<3>>(out->data(), 3, shape, owner)
+                           .cast();
+        d["first_kept_call"] = r.first_kept_call;
+        d["calls_launched"] = r.calls_launched;
+        nb::list records;
+        for (const auto& rec : r.records) records.append(RecordDict(rec));
+        d["records"] = records;
+        d["cuda_error"] = r.cuda_error.empty() ? nb::none() : nb::cast(r.cuda_error);
+        d["failed_call"] = r.failed_call;
+        d["deadline_exceeded"] = r.deadline_exceeded;
+        d["seconds"] = r.seconds;
+        d["seconds_to_error"] = r.seconds_to_error;
+        d["epochs_checked"] = r.epochs_checked;
+        d["epoch_mismatch"] = r.epoch_mismatch.empty() ? nb::none() : nb::cast(r.epoch_mismatch);
+        d["max_connections"] =
+            r.max_connections.empty() ? nb::none() : nb::cast(r.max_connections);
+        d["plan"] = PlanDict(r.plan);
+        return d;
+      },
+      nb::arg("inputs"), nb::arg("dtype"), nb::arg("calls"), nb::arg("sync") = true,
+      nb::arg("keep") = 0,
+      nb::arg("algorithm") = static_cast<int64_t>(llar::Algorithm::kOneShotLL),
+      nb::arg("generic") = false, nb::arg("block_lines") = 0, nb::arg("timeout_ms") = 2000.0,
+      nb::arg("start_epoch") = 0, nb::arg("misalign") = 0, nb::arg("skip_rank") = -1,
+      nb::arg("skip_call") = 0, nb::arg("ordinal") = 0,
+      "Loopback harness (loopback.h): `world` ranks simulated on one GPU. "
+      "inputs: C-contiguous (n_sets, world, n) array of any element type (its "
+      "bytes are the payload; pass bfloat16 as a uint16 view); call c uses set "
+      "c % n_sets. dtype: a DTYPE_CODES value. Returns a dict: outputs (uint8, "
+      "(kept, world, n_bytes): the last `keep` calls, 0 = all; empty after an "
+      "error), first_kept_call, calls_launched, records (one error record per "
+      "rank: code, rank, peer, block, line, flag_expected, flag_seen, "
+      "flag_seen2, epoch, waited_ns), cuda_error (None or text), failed_call, "
+      "deadline_exceeded, seconds, seconds_to_error, epochs_checked, "
+      "epoch_mismatch (None or the first epoch counter that did not advance "
+      "once per call), max_connections (CUDA_DEVICE_MAX_CONNECTIONS) and plan "
+      "(loopback_plan). skip_rank >= 0 leaves that rank's kernel out of call "
+      "skip_call and stops there: the others' bounded waits trap and the CUDA "
+      "context of the process is lost, so run it in a child process. "
+      "ValueError for a bad case (also when the ranks' grids do not fit on the "
+      "device at once), RuntimeError for a CUDA failure while setting up.");
+
   m.def("set_epoch_for_testing", &llar::SetEpochForTesting, nb::arg("comm_id"),
         nb::arg("epoch"),
         "Test hook (F4): every epoch counter of the set := epoch; scratch re-zeroed.");
@@ -132,4 +298,76 @@ NB_MODULE(_llar_tools, m) {
         nb::arg("comm_id"), nb::arg("device"), nb::arg("drop"),
         "Test hook (F13): programs captured afterwards on `device` never store "
         "to its peers (False restores the all-reduce).");
+
+  // The fused all-reduce + residual add + RMSNorm on simulated ranks
+  // (loopback_add_rms_norm.h).
+  m.def(
+      "loopback_add_rms_norm",
+      [](int world, int dtype, int weight_dtype, uint32_t rows, uint32_t d, float eps,
+         const nb::bytes& x, const nb::bytes& residual, const nb::bytes& weight, int calls,
+         bool interleave, double timeout_ms, uint64_t start_epoch, int32_t ordinal) {
+        llar::FusedLoopbackSpec s;
+        s.ordinal = ordinal;
+        s.world = world;
+        s.dtype = static_cast<llar::DType>(dtype);
+        s.weight = static_cast<llar::DType>(weight_dtype);
+        s.rows = rows;
+        s.d = d;
+        s.eps = eps;
+        if (!(timeout_ms > 0) || timeout_ms > 600000) {
+          throw std::invalid_argument("jax_llar fused loopback: the timeout must be 1-600000 ms");
+        }
+        s.timeout_ns = static_cast<uint64_t>(timeout_ms * 1e6);
+        s.calls = calls;
+        s.interleave = interleave;
+        s.start_epoch = start_epoch;
+        auto bytes_of = [](const nb::bytes& b) {
+          const auto* p = static_cast<const uint8_t*>(b.data());
+          return std::vector<uint8_t>(p, p + b.size());
+        };
+        const std::vector<uint8_t> xv = bytes_of(x), rv = bytes_of(residual),
+                                   wv = bytes_of(weight);
+        llar::FusedLoopbackResult r;
+        {
+          nb::gil_scoped_release release;
+          r = llar::RunFusedLoopback(s, xv, rv, wv);
+        }
+        nb::dict plan;
+        plan["blocks"] = r.plan.grid.blocks;
+        plan["cluster_blocks"] = r.plan.grid.cluster_blocks;
+        plan["lines_per_block"] = r.plan.grid.lines_per_block;
+        plan["threads"] = r.plan.grid.threads;
+        plan["regs_per_thread"] = r.plan.regs_per_thread;
+        plan["max_active_clusters"] = r.plan.max_active_clusters;
+        plan["clusters"] = r.plan.clusters;
+        nb::dict out;
+        out["plan"] = plan;
+        out["normed"] = nb::bytes(reinterpret_cast<const char*>(r.normed.data()), r.normed.size());
+        out["new_residual"] =
+            nb::bytes(reinterpret_cast<const char*>(r.new_residual.data()), r.new_residual.size());
+        nb::list records;
+        for (const auto& rec : r.records) records.append(RecordDict(rec));
+        out["records"] = records;
+        out["cuda_error"] = r.cuda_error.empty() ? nb::none() : nb::cast(r.cuda_error);
+        out["deadline_exceeded"] = r.deadline_exceeded;
+        out["epochs_checked"] = r.epochs_checked;
+        out["epoch_mismatch"] =
+            r.epoch_mismatch.empty() ? nb::none() : nb::cast(r.epoch_mismatch);
+        return out;
+      },
+      nb::arg("world"), nb::arg("dtype"), nb::arg("weight_dtype"), nb::arg("rows"),
+      nb::arg("d"), nb::arg("eps"), nb::arg("x"), nb::arg("residual"), nb::arg("weight"),
+      nb::arg("calls") = 1, nb::arg("interleave") = false, nb::arg("timeout_ms") = 2000.0,
+      nb::arg("start_epoch") = 0, nb::arg("ordinal") = 0,
+      "Loopback harness of the fused all-reduce + residual add + RMSNorm "
+      "(loopback_add_rms_norm.h): `world` ranks simulated on one GPU. dtype, "
+      "weight_dtype: DTYPE_CODES values; x: bytes of (world, rows, d); residual: "
+      "(rows, d); weight: (d,). `calls` fused calls (with `interleave`, a one-shot "
+      "all-reduce of x before each). Returns a dict: plan (blocks, cluster_blocks, "
+      "lines_per_block, threads, regs_per_thread, max_active_clusters, clusters), "
+      "normed and new_residual (bytes of (world, rows, d), the last call's; empty "
+      "after an error), records (one error record per rank), cuda_error (None or "
+      "text), deadline_exceeded, epochs_checked, epoch_mismatch. ValueError for a "
+      "bad case (also one whose ranks' clusters do not fit on the device at once), "
+      "RuntimeError for a CUDA failure while setting up.");
 }

@@ -34,6 +34,9 @@ inline constexpr int kPayloadBytesPerLine = 8; // d0 and d1
 inline constexpr int kMaxThreads = 512;        // one line per thread
 inline constexpr int kWarpSize = 32;
 inline constexpr int kMaxWarps = kMaxThreads / kWarpSize;  // warps per block, at most
+// Largest thread block cluster a kernel uses (the portable cluster size;
+// cluster_sum.cuh).
+inline constexpr int kMaxClusterBlocks = 8;
 // Epoch counters per device and communicator: one per (block, warp) (epoch.cuh).
 inline constexpr int kEpochCounters = kMaxBlocks * kMaxWarps;
 
@@ -121,6 +124,35 @@ struct AllReduceArgs {
   uint8_t world;                   // number of ranks (NCCL's nRanks)
 };
 static_assert(sizeof(AllReduceArgs) == 48, "kernel parameter block grew");
+
+// Kernel parameters of the fused all-reduce + residual add + RMSNorm
+// (kernels/one_shot_ll_add_rms_norm.cuh), passed by value (96 bytes). The
+// exchange is the one-shot LL all-reduce's, unchanged: `all_reduce.in` is x
+// (this rank's partial sum), `all_reduce.out` is normed, and the epochs,
+// peers, rank, world and grid fields mean what they mean there. The tensors
+// are `rows` rows of `d` elements, row-major, d * itemsize a multiple of 8,
+// so every LL line holds elements of one row only.
+struct AddRmsNormArgs {
+  AllReduceArgs all_reduce;        // the exchange; n_bytes = rows * d * itemsize;
+                                   // vector_lines covers x, residual, normed and
+                                   // new_residual (all 8-byte aligned, else 0)
+  const void* residual;            // rows x d, x's dtype
+  const void* weight;              // d elements, x's dtype or float32 (the kernel's W)
+  void* new_residual;              // rows x d, x's dtype: psum(x) + residual
+  float eps;                       // added to the mean square
+  float inv_d;                     // 1.0f / d rounded to float: the mean is
+                                   // sum * inv_d, as XLA computes it (the
+                                   // launcher fills it in)
+  uint32_t d;                      // elements per row
+  uint32_t weight_vector_lines;    // 8-byte lines of weight read with one vector
+                                   // load: d * sizeof(W) / 8 when weight is
+                                   // 8-byte aligned, else 0 (the launcher fills it in)
+  uint16_t rows;                   // rows (the product of x's leading dimensions)
+  uint8_t cluster_blocks;          // blocks per row, one thread block cluster
+                                   // (1, 2, 4 or kMaxClusterBlocks; the launcher
+                                   // fills it in)
+};
+static_assert(sizeof(AddRmsNormArgs) == 96, "fused kernel parameter block grew");
 
 }  // namespace llar
 

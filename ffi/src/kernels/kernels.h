@@ -45,6 +45,37 @@ LLAR_API cudaError_t LaunchOneShotLLWith(AllReduceArgs args, DType dtype, cudaSt
 // lazy module load happens later inside a captured CUDA graph.
 LLAR_API cudaError_t PreloadOneShotLL();
 
+// one_shot_ll_add_rms_norm.cu: the one-shot LL all-reduce fused with the
+// residual add and the RMSNorm that follow it (jax_llar.psum_add_rms_norm).
+//
+// Grid: one thread block cluster of `cluster_blocks` blocks per row, one
+// line (8 payload bytes) per thread. A row of d elements of `itemsize` bytes
+// is row_lines = d * itemsize / 8 lines (d * itemsize must be a multiple of
+// 8). cluster_blocks is the largest of 8, 4, 2, 1 that divides row_lines,
+// is at most ceil(row_lines / kAddRmsNormBlockLines) (the one-shot's 64
+// lines per block, benchmarks/NOTES.md) and keeps lines_per_block =
+// row_lines / cluster_blocks <= kLinesPerBlock and rows * cluster_blocks <=
+// kMaxBlocks; and the payload, rows * d * itemsize, is at most
+// kOneShotMaxBytes. False (not served) when no cluster size fits.
+// jax_llar's Python lowering mirrors this rule; keep them equal.
+inline constexpr uint32_t kAddRmsNormBlockLines = 64;
+inline constexpr uint32_t kAddRmsNormMaxClusterBlocks = kMaxClusterBlocks;
+struct AddRmsNormGrid {
+  uint32_t blocks, cluster_blocks, lines_per_block, threads;
+};
+LLAR_API bool AddRmsNormGridFor(uint32_t rows, uint32_t d, uint32_t itemsize,
+                                AddRmsNormGrid* grid);
+
+// Launches the fused kernel for `args` (the launcher fills in the grid
+// fields, n_bytes, vector_lines, weight_vector_lines and inv_d). dtype: x's,
+// kF32, kBF16 or kF16; weight: kF32 or dtype. cudaErrorInvalidValue for
+// anything not served (grid rule, dtypes, missing pointers). Like every
+// launcher it neither allocates nor synchronises (cudaLaunchKernelEx with the
+// cluster dimension, which CUDA graphs capture).
+LLAR_API cudaError_t LaunchOneShotLLAddRmsNorm(AddRmsNormArgs args, DType dtype,
+                                               DType weight, cudaStream_t stream);
+LLAR_API cudaError_t PreloadOneShotLLAddRmsNorm();
+
 // The algorithms, indexed by the FFI attribute `algorithm` (Algorithm in
 // args.h); entry 0 is no algorithm. `name` is the key of the Python module's
 // ALGORITHMS and MAX_BYTES; `max_bytes` the largest payload per rank.

@@ -1,0 +1,362 @@
+#include "loopback.h"
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "errors.h"
+#include "kernels/kernels.h"
+#include "llar/args.h"
+
+namespace llar {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Output buffers are poisoned with this byte: 0x7b7b... is a finite value in
+// every dtype that no test input sums to, so an element a kernel never wrote
+// shows as a mismatch, not as a NaN that a NaN reference would accept.
+constexpr int kPoison = 0x7b;
+
+// Bound on the kernel timeout a spec may ask for (ten minutes): keeps the
+// host deadline's arithmetic far from overflow.
+constexpr uint64_t kMaxTimeoutNs = 600'000'000'000ull;
+
+[[noreturn]] void BadArgument(const std::string& what) {
+  throw std::invalid_argument("jax_llar loopback: " + what);
+}
+
+size_t ElementBytes(DType d) {
+  return (d == DType::kF32 || d == DType::kI32) ? 4 : 2;
+}
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// Bytes between two ranks' (or calls') buffers: room for the misalignment,
+// every buffer starting on its own 256-byte boundary.
+size_t SlotStride(const LoopbackSpec& s) { return RoundUp(s.n_bytes + s.misalign, 256); }
+
+// The grid-independent checks of a spec; returns the algorithm's entry.
+const AlgorithmEntry& Validate(const LoopbackSpec& s, int n_sets) {
+  const AlgorithmEntry* entry = FindAlgorithm(s.algorithm);
+  if (entry == nullptr) BadArgument("unknown algorithm id " + std::to_string(s.algorithm));
+  if (s.algorithm != static_cast<int64_t>(Algorithm::kOneShotLL) &&
+      (s.generic || s.block_lines != 0)) {
+    BadArgument("generic and block_lines apply to the one-shot LL algorithm only");
+  }
+  if (s.world < 2 || s.world > kMaxRanks) {
+    BadArgument("world must be 2-" + std::to_string(kMaxRanks) + ", not " +
+                std::to_string(s.world));
+  }
+  if (s.dtype != DType::kF32 && s.dtype != DType::kBF16 && s.dtype != DType::kF16 &&
+      s.dtype != DType::kI32) {
+    BadArgument("unknown dtype code " + std::to_string(static_cast<int>(s.dtype)));
+  }
+  if (s.n_bytes == 0 || s.n_bytes > entry->max_bytes) {
+    BadArgument("n_bytes must be 1-" + std::to_string(entry->max_bytes) + " (" +
+                entry->name + "), not " + std::to_string(s.n_bytes));
+  }
+  if (s.n_bytes % ElementBytes(s.dtype) != 0) {
+    BadArgument("n_bytes is not a whole number of elements");
+  }
+  if (s.block_lines > static_cast<uint32_t>(kLinesPerBlock)) {
+    BadArgument("block_lines must be 0 (the production rule) or 1-" +
+                std::to_string(kLinesPerBlock));
+  }
+  if (s.timeout_ns == 0 || s.timeout_ns > kMaxTimeoutNs) {
+    BadArgument("the timeout must be 1-600000 ms");
+  }
+  if (s.calls < 1) BadArgument("calls must be positive");
+  if (s.keep < 0 || s.keep > s.calls) BadArgument("keep must be 0 (all) or 1-calls");
+  if (s.misalign > 7) BadArgument("misalign must be 0-7 bytes");
+  if (s.skip_rank >= s.world || s.skip_rank < -1) BadArgument("skip_rank must be -1 or a rank");
+  if (s.skip_rank >= 0 && (s.skip_call < 0 || s.skip_call >= s.calls)) {
+    BadArgument("skip_call must be one of the calls");
+  }
+  if (n_sets < 1) BadArgument("need at least one input set");
+  return *entry;
+}
+
+int CallsToRun(const LoopbackSpec& s) { return s.skip_rank >= 0 ? s.skip_call + 1 : s.calls; }
+int KeptCalls(const LoopbackSpec& s) {
+  const int run = CallsToRun(s);
+  const int keep = s.keep == 0 ? s.calls : s.keep;
+  return keep < run ? keep : run;
+}
+
+std::string CudaErrorText(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
+
+// Everything one run allocates. Freed by the destructor unless `leak` (the
+// host deadline passed while kernels may still use it).
+struct Resources {
+  int world = 0;
+  std::vector<char*> scratch;
+  std::vector<uint64_t*> state;       // kEpochCounters counters + the claim word
+  std::vector<PeerTable*> tables;     // device copies
+  std::vector<ErrorRecord*> records;  // host-mapped
+  std::vector<cudaStream_t> streams;
+  char* inputs = nullptr;             // n_sets x world slots
+  char* outputs = nullptr;            // (kept + 1) x world slots; the last: discarded calls
+  bool leak = false;
+
+  explicit Resources(int w)
+      : world(w), scratch(w), state(w), tables(w), records(w), streams(w) {}
+  ~Resources() {
+    if (leak) return;
+    // After a trap the context is lost and these fail; nothing to do then.
+    for (int r = 0; r < world; ++r) {
+      if (streams[r] != nullptr) (void)cudaStreamDestroy(streams[r]);
+      if (scratch[r] != nullptr) (void)cudaFree(scratch[r]);
+      if (state[r] != nullptr) (void)cudaFree(state[r]);
+      if (tables[r] != nullptr) (void)cudaFree(tables[r]);
+      if (records[r] != nullptr) (void)cudaFreeHost(records[r]);
+    }
+    if (inputs != nullptr) (void)cudaFree(inputs);
+    if (outputs != nullptr) (void)cudaFree(outputs);
+    (void)cudaGetLastError();
+  }
+  Resources(const Resources&) = delete;
+  Resources& operator=(const Resources&) = delete;
+};
+
+// Polls every stream until all are idle, one fails, or `deadline` passes.
+// Returns cudaSuccess, the first error, or cudaErrorNotReady at the deadline.
+cudaError_t WaitStreams(const std::vector<cudaStream_t>& streams, Clock::time_point deadline) {
+  while (true) {
+    bool idle = true;
+    for (cudaStream_t s : streams) {
+      const cudaError_t e = cudaStreamQuery(s);
+      if (e == cudaErrorNotReady) {
+        idle = false;
+      } else if (e != cudaSuccess) {
+        return e;
+      }
+    }
+    if (idle) return cudaSuccess;
+    if (Clock::now() > deadline) return cudaErrorNotReady;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// The first epoch counter of `rank` that is not start + calls for a warp of
+// the grid, or start for any other warp; "" when all are.
+std::string CheckEpochs(const std::vector<uint64_t>& counters, const LoopbackPlan& plan,
+                        uint64_t start, int calls, int rank) {
+  const uint32_t warps = plan.threads / kWarpSize;
+  for (int b = 0; b < kMaxBlocks; ++b) {
+    for (int w = 0; w < kMaxWarps; ++w) {
+      const bool in_grid = static_cast<uint32_t>(b) < plan.blocks && static_cast<uint32_t>(w) < warps;
+      const uint64_t want = in_grid ? start + static_cast<uint64_t>(calls) : start;
+      const uint64_t got = counters[static_cast<size_t>(b) * kMaxWarps + w];
+      if (got != want) {
+        std::ostringstream m;
+        m << "rank " << rank << " block " << b << " warp " << w << ": epoch " << got
+          << ", expected " << want;
+        return m.str();
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+LoopbackPlan PlanLoopback(const LoopbackSpec& s, int n_sets) {
+  Validate(s, n_sets);
+  LoopbackPlan p;
+  const uint32_t lines = (s.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
+  const OneShotGrid g = OneShotGridFor(lines, s.block_lines);
+  p.blocks = g.blocks;
+  p.lines_per_block = g.lines_per_block;
+  p.threads = g.threads;
+  p.generic_kernel = s.generic || (s.world != 2 && s.world != 4 && s.world != 8);
+  DeviceGuard guard;
+  CheckCuda(cudaSetDevice(s.ordinal), "cudaSetDevice");
+  CheckCuda(cudaDeviceGetAttribute(&p.sms, cudaDevAttrMultiProcessorCount, s.ordinal),
+            "cudaDeviceGetAttribute(multiprocessors)");
+  CheckCuda(OneShotLLOccupancy(s.dtype, s.world, s.generic, p.threads, &p.regs_per_thread,
+                               &p.blocks_per_sm),
+            "occupancy of the one-shot kernel");
+  p.co_resident = static_cast<uint64_t>(s.world) * p.blocks <=
+                  static_cast<uint64_t>(p.sms) * static_cast<uint64_t>(p.blocks_per_sm);
+  const uint64_t slots = static_cast<uint64_t>(n_sets) + KeptCalls(s) + 1;
+  p.device_bytes = static_cast<uint64_t>(s.world) *
+                   (ScratchBytes(s.world) + sizeof(uint64_t) * (kEpochCounters + 1) +
+                    sizeof(PeerTable) + slots * SlotStride(s));
+  return p;
+}
+
+LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_sets) {
+  const AlgorithmEntry& entry = Validate(s, n_sets);
+  LoopbackResult res;
+  res.plan = PlanLoopback(s, n_sets);
+  if (!res.plan.co_resident) {
+    std::ostringstream m;
+    m << "the " << s.world << " ranks' grids (" << res.plan.blocks << " blocks of "
+      << res.plan.threads << " threads each) do not fit on the device at once ("
+      << res.plan.sms << " multiprocessors x " << res.plan.blocks_per_sm
+      << " blocks); the ranks would wait for blocks that cannot start";
+    BadArgument(m.str());
+  }
+  if (const char* v = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS")) res.max_connections = v;
+  const int W = s.world;
+  const size_t stride = SlotStride(s);
+  const int run_calls = CallsToRun(s);
+  res.kept = KeptCalls(s);
+  res.first_kept_call = run_calls - res.kept;
+  res.records.assign(W, ErrorRecord{});
+
+  DeviceGuard guard;
+  CheckCuda(cudaSetDevice(s.ordinal), "cudaSetDevice");
+  CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before the set-up)");
+  // As CreateGroup: no lazy module load once kernels that wait on each other run.
+  CheckCuda(PreloadOneShotLL(), "loading the one-shot kernels");
+  Resources rs(W);
+
+  // Set-up: what CreateGroup (registry.cc) gives each rank, on one device.
+  const size_t scratch_bytes = ScratchBytes(W);
+  const size_t state_bytes = sizeof(uint64_t) * (kEpochCounters + 1);
+  const std::vector<uint64_t> epochs(kEpochCounters, s.start_epoch);
+  for (int r = 0; r < W; ++r) {
+    CheckCuda(cudaMalloc(&rs.scratch[r], scratch_bytes), "cudaMalloc(scratch)");
+    CheckCuda(cudaMemset(rs.scratch[r], 0, scratch_bytes), "cudaMemset(scratch)");
+    CheckCuda(cudaMalloc(&rs.state[r], state_bytes), "cudaMalloc(epochs)");
+    CheckCuda(cudaMemset(rs.state[r], 0, state_bytes), "cudaMemset(epochs)");
+    if (s.start_epoch != 0) {
+      CheckCuda(cudaMemcpy(rs.state[r], epochs.data(), sizeof(uint64_t) * kEpochCounters,
+                           cudaMemcpyHostToDevice),
+                "cudaMemcpy(epochs)");
+    }
+    CheckCuda(cudaMalloc(&rs.tables[r], sizeof(PeerTable)), "cudaMalloc(peer table)");
+    CheckCuda(cudaHostAlloc(reinterpret_cast<void**>(&rs.records[r]), sizeof(ErrorRecord),
+                            cudaHostAllocMapped | cudaHostAllocPortable),
+              "cudaHostAlloc(error record)");
+    std::memset(rs.records[r], 0, sizeof(ErrorRecord));
+    CheckCuda(cudaStreamCreateWithFlags(&rs.streams[r], cudaStreamNonBlocking),
+              "cudaStreamCreateWithFlags");
+  }
+  for (int r = 0; r < W; ++r) {
+    PeerTable table{};
+    for (int p = 0; p < W; ++p) table.scratch[p] = rs.scratch[p];
+    table.error_claim = reinterpret_cast<int32_t*>(rs.state[r] + kEpochCounters);
+    CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table.error), rs.records[r], 0),
+              "cudaHostGetDevicePointer");
+    table.timeout_ns = s.timeout_ns;
+    table.trace = nullptr;
+    CheckCuda(cudaMemcpy(rs.tables[r], &table, sizeof(table), cudaMemcpyHostToDevice),
+              "cudaMemcpy(peer table)");
+  }
+  // Inputs: set i of rank r in slot i * W + r. Outputs: kept call k of rank r
+  // in slot k * W + r, and every earlier call of rank r in slot kept * W + r.
+  const size_t in_slots = static_cast<size_t>(n_sets) * W;
+  const size_t out_slots = static_cast<size_t>(res.kept + 1) * W;
+  CheckCuda(cudaMalloc(&rs.inputs, in_slots * stride), "cudaMalloc(inputs)");
+  CheckCuda(cudaMalloc(&rs.outputs, out_slots * stride), "cudaMalloc(outputs)");
+  CheckCuda(cudaMemcpy2D(rs.inputs + s.misalign, stride, inputs, s.n_bytes, s.n_bytes, in_slots,
+                         cudaMemcpyHostToDevice),
+            "cudaMemcpy2D(inputs)");
+  CheckCuda(cudaMemset(rs.outputs, kPoison, out_slots * stride), "cudaMemset(outputs)");
+  CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after the set-up)");
+
+  const bool production = !s.generic && s.block_lines == 0;
+  OneShotOptions options;
+  options.generic = s.generic;
+  options.block_lines = s.block_lines;
+  const auto timeout = std::chrono::nanoseconds(2 * s.timeout_ns + kHostMarginNs);
+
+  const Clock::time_point t0 = Clock::now();
+  Clock::time_point last_launch = t0;
+  cudaError_t launch_error = cudaSuccess;
+  cudaError_t error = cudaSuccess;
+  for (int c = 0; c < run_calls && error == cudaSuccess && launch_error == cudaSuccess; ++c) {
+    const size_t set = static_cast<size_t>(c % n_sets);
+    const size_t out_row = c >= res.first_kept_call
+                               ? static_cast<size_t>(c - res.first_kept_call)
+                               : static_cast<size_t>(res.kept);
+    for (int r = 0; r < W; ++r) {
+      if (c == s.skip_call && r == s.skip_rank) continue;
+      AllReduceArgs a{};
+      a.in = rs.inputs + (set * W + r) * stride + s.misalign;
+      a.out = rs.outputs + (out_row * W + r) * stride + s.misalign;
+      a.epochs = rs.state[r];
+      a.peers = rs.tables[r];
+      a.n_bytes = s.n_bytes;
+      a.rank = static_cast<uint8_t>(r);
+      a.world = static_cast<uint8_t>(W);
+      launch_error = production ? entry.launch(a, s.dtype, rs.streams[r])
+                                : LaunchOneShotLLWith(a, s.dtype, rs.streams[r], options);
+      if (launch_error != cudaSuccess) break;
+    }
+    last_launch = Clock::now();
+    res.calls_launched = c + 1;
+    // After a failed launch the ranks launched before it still run (and, when
+    // they wait for the missing one, fail): wait for them too.
+    if (s.sync_between_calls || c + 1 == run_calls || launch_error != cudaSuccess) {
+      error = WaitStreams(rs.streams, last_launch + timeout);
+    }
+    if (error != cudaSuccess || launch_error != cudaSuccess) res.failed_call = c;
+  }
+  const Clock::time_point t1 = Clock::now();
+  res.seconds = Seconds(t0, t1);
+
+  // The records are host memory: readable also after a trap.
+  for (int r = 0; r < W; ++r) {
+    std::memcpy(&res.records[r], const_cast<const ErrorRecord*>(rs.records[r]),
+                sizeof(ErrorRecord));
+  }
+  std::string launch_text;
+  if (launch_error != cudaSuccess) launch_text = "launch: " + CudaErrorText(launch_error);
+  if (error == cudaErrorNotReady) {
+    res.deadline_exceeded = true;
+    res.cuda_error = "host deadline passed with kernels still running";
+    if (!launch_text.empty()) res.cuda_error = launch_text + "; " + res.cuda_error;
+    rs.leak = true;  // they may still use every buffer
+    return res;
+  }
+  if (error != cudaSuccess || launch_error != cudaSuccess) {
+    res.cuda_error = launch_text;
+    if (error != cudaSuccess) {
+      res.cuda_error += (launch_text.empty() ? "" : "; ") + CudaErrorText(error);
+    }
+    res.seconds_to_error = Seconds(last_launch, t1);
+    return res;
+  }
+
+  // A clean run: outputs and epoch counters.
+  res.outputs.resize(static_cast<size_t>(res.kept) * W * s.n_bytes);
+  if (res.kept > 0) {
+    error = cudaMemcpy2D(res.outputs.data(), s.n_bytes, rs.outputs + s.misalign, stride,
+                         s.n_bytes, static_cast<size_t>(res.kept) * W, cudaMemcpyDeviceToHost);
+  }
+  std::vector<uint64_t> counters(kEpochCounters);
+  for (int r = 0; r < W && error == cudaSuccess; ++r) {
+    error = cudaMemcpy(counters.data(), rs.state[r], sizeof(uint64_t) * kEpochCounters,
+                       cudaMemcpyDeviceToHost);
+    if (error == cudaSuccess && res.epoch_mismatch.empty()) {
+      res.epoch_mismatch = CheckEpochs(counters, res.plan, s.start_epoch, run_calls, r);
+    }
+  }
+  if (error != cudaSuccess) {
+    res.cuda_error = CudaErrorText(error);
+    res.outputs.clear();
+    return res;
+  }
+  res.epochs_checked = true;
+  return res;
+}
+
+}  // namespace llar

@@ -1,0 +1,140 @@
+// Loopback harness: a group of `world` ranks simulated on ONE GPU, to test
+// the all-reduce protocol where fewer GPUs than ranks are at hand. (Not the
+// diagnostic variant DiagVariant::kLoopback, which runs one real rank
+// without the network.)
+//
+// The kernels see their peers only through PeerTable::scratch[p] (registry.h
+// resolves those addresses from NCCL at set-up). Here every simulated rank
+// gets, on the one device, what CreateGroup gives a real rank: a zeroed
+// scratch of ScratchBytes(world), zeroed epoch counters and claim word, a
+// host-mapped ErrorRecord and a PeerTable whose scratch[p] is simulated rank
+// p's scratch on the same device. Each call launches the production launcher
+// (kAlgorithms[algorithm], or LaunchOneShotLLWith for the generic kernel or
+// another grid rule) once per rank, rank 0 first, each rank on a
+// non-blocking stream of its own, so that all ranks' kernels run at once.
+// No NCCL call is made.
+//
+// What it tests: the protocol logic (LL lines and flags, per-warp epochs,
+// scratch parity over consecutive calls, the re-zeroing window, the
+// rank-order reduction, the bounded wait and its report) for any world size
+// 2..kMaxRanks, the kernels specialised for 2, 4 and 8 ranks and the
+// run-time-world one. What it does not test: NVLink (every store is local,
+// so neither the ordering of remote stores nor any speed is exercised), NCCL
+// windows, XLA or CUDA graphs.
+//
+// Co-residency: a block of one rank spins until the same block of every
+// other rank has sent, so all ranks' grids must be resident on the device at
+// once; otherwise the resident blocks wait for blocks that cannot start and
+// the bounded waits fail the call. PlanLoopback says whether they fit (from
+// the occupancy of a copy of the production kernels, loopback_occupancy.cu)
+// and RunLoopback refuses a case that does not. Streams map onto
+// CUDA_DEVICE_MAX_CONNECTIONS hardware queues (the driver reads it when the
+// context is created); the Python tool sets it to 32 so that every rank's
+// stream has a queue of its own.
+//
+// Every host wait is bounded: the harness polls the streams with
+// cudaStreamQuery until a deadline of twice the kernel timeout plus
+// kHostMarginNs after the last launch, and reports instead of hanging. A
+// timed-out kernel traps and loses the CUDA context of the process (wait.cuh),
+// so a run that is meant to fail (skip_rank) belongs in a child process.
+#ifndef LLAR_TOOLS_LOOPBACK_H_
+#define LLAR_TOOLS_LOOPBACK_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "llar/args.h"
+
+namespace llar {
+
+// Beyond twice the kernel timeout (which covers the trap's wait for the
+// published report), how long the host waits for the streams.
+inline constexpr uint64_t kHostMarginNs = 5'000'000'000ull;
+
+struct LoopbackSpec {
+  int32_t ordinal = 0;          // CUDA device
+  int world = 2;                // simulated ranks, 2..kMaxRanks
+  DType dtype = DType::kF32;
+  uint32_t n_bytes = 0;         // payload per rank, 1..the algorithm's max_bytes
+  int64_t algorithm = static_cast<int64_t>(Algorithm::kOneShotLL);  // kAlgorithms id
+  bool generic = false;         // the run-time world-size kernel even for 2, 4, 8
+  uint32_t block_lines = 0;     // grid rule's lines per block (0: production)
+  uint64_t timeout_ns = 0;      // PeerTable::timeout_ns, > 0
+  int calls = 1;                // consecutive all-reduce calls
+  bool sync_between_calls = true;  // false: launch every call at once (each
+                                   // rank's calls are ordered by its stream only)
+  int keep = 0;                 // outputs of the last `keep` calls come back
+                                // (1..calls; 0: all); earlier calls write a
+                                // discarded buffer
+  uint64_t start_epoch = 0;     // every epoch counter starts here (as
+                                // SetEpochForTesting), e.g. just below the
+                                // re-zeroing window or the 32-bit flag wrap
+  uint32_t misalign = 0;        // bytes (0..7) added to the input and output
+                                // addresses: 8-byte misaligned buffers take
+                                // the kernel's byte-wise path
+  int skip_rank = -1;           // fault: this rank's kernel is not launched on
+  int skip_call = 0;            // call skip_call, and no call follows it
+};
+
+// The grid of one rank and whether all ranks' grids fit on the device at once.
+struct LoopbackPlan {
+  uint32_t blocks = 0, lines_per_block = 0, threads = 0;  // per rank (OneShotGridFor)
+  int regs_per_thread = 0;      // of the kernel (its copy in the tools library)
+  int blocks_per_sm = 0;        // resident blocks of `threads` threads per SM
+  int sms = 0;                  // multiprocessors of the device
+  bool co_resident = false;     // world * blocks <= sms * blocks_per_sm
+  bool generic_kernel = false;  // the run-time world-size kernel runs
+  uint64_t device_bytes = 0;    // device memory RunLoopback allocates
+};
+
+struct LoopbackResult {
+  LoopbackPlan plan;
+  int calls_launched = 0;       // calls whose kernels were launched
+  int first_kept_call = 0;      // outputs[k] is call first_kept_call + k
+  int kept = 0;
+  // kept x world x n_bytes: every kept call's output of every rank; empty
+  // after a CUDA error or a missed deadline.
+  std::vector<uint8_t> outputs;
+  // One per rank (code 0: that rank reported nothing). Read from host-mapped
+  // memory, so also after a trap.
+  std::vector<ErrorRecord> records;
+  std::string cuda_error;       // empty, or the first CUDA error seen
+  int failed_call = -1;         // the call after whose launch it was seen
+  bool deadline_exceeded = false;  // kernels still ran at the host deadline:
+                                   // nothing was freed, the device is busy
+  double seconds = 0;           // from the first launch to the end
+  double seconds_to_error = 0;  // from the last launch to the error
+  // Epoch counters after a clean run: every warp of the grid advanced once
+  // per call, every other warp not at all. Empty when they did; else the
+  // first counter that did not.
+  std::string epoch_mismatch;
+  bool epochs_checked = false;
+  std::string max_connections;  // CUDA_DEVICE_MAX_CONNECTIONS ("" if unset)
+};
+
+// Throws std::invalid_argument for a spec outside the limits above and
+// std::runtime_error for a CUDA failure of the occupancy query.
+LoopbackPlan PlanLoopback(const LoopbackSpec& spec, int n_sets);
+
+// `inputs` holds n_sets x world x n_bytes bytes; call c uses set c % n_sets.
+// Synchronises the device before and after (the caller must have nothing
+// running on it that waits for these kernels). Throws std::invalid_argument
+// for a bad spec or a case whose ranks are not co-resident, and
+// std::runtime_error for a CUDA failure while setting up (before any
+// launch); after the first launch every failure is reported in the result.
+LoopbackResult RunLoopback(const LoopbackSpec& spec, const uint8_t* inputs, int n_sets);
+
+// loopback_occupancy.cu: registers per thread and resident blocks per SM of
+// the one-shot kernel that LaunchOneShotLLWith picks for (dtype, world,
+// generic), with `threads` threads per block, on the current device. Asked
+// of a copy of the production kernels compiled into the tools library from
+// the same template and options (the production library exports no kernel).
+cudaError_t OneShotLLOccupancy(DType dtype, int world, bool generic, uint32_t threads,
+                               int* regs_per_thread, int* blocks_per_sm);
+
+}  // namespace llar
+
+#endif  // LLAR_TOOLS_LOOPBACK_H_

@@ -1,0 +1,336 @@
+// Loopback harness of the fused all-reduce + residual add + RMSNorm
+// (loopback_add_rms_norm.h). The production kernels are compiled here a
+// second time, from the same template with the same options, only so that
+// the plan can ask CUDA how many of their clusters the device holds (the
+// production library exports no kernel); the run launches the production
+// launchers.
+#include "loopback_add_rms_norm.h"
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "errors.h"
+#include "kernels/kernels.h"
+#include "kernels/one_shot_ll_add_rms_norm.cuh"
+#include "llar/args.h"
+#include "loopback.h"
+
+namespace llar {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The production instantiation: one_shot_ll_add_rms_norm.cu's `Production`.
+using ProductionCopy = OneShotLLAddRmsNormKernels<2, 4, 8>;
+
+constexpr int kPoison = 0x7b;  // as loopback.cc: a finite value in every dtype
+constexpr uint64_t kMaxTimeoutNs = 600'000'000'000ull;
+
+[[noreturn]] void BadArgument(const std::string& what) {
+  throw std::invalid_argument("jax_llar fused loopback: " + what);
+}
+
+uint32_t ItemSize(DType d) { return d == DType::kF32 ? 4u : 2u; }
+
+std::string CudaErrorText(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
+
+void Validate(const FusedLoopbackSpec& s, AddRmsNormGrid* grid) {
+  if (s.world < 2 || s.world > kMaxRanks) {
+    BadArgument("world must be 2-" + std::to_string(kMaxRanks));
+  }
+  if (s.dtype != DType::kF32 && s.dtype != DType::kBF16 && s.dtype != DType::kF16) {
+    BadArgument("dtype must be float32, bfloat16 or float16");
+  }
+  if (s.weight != s.dtype && s.weight != DType::kF32) {
+    BadArgument("the weight's dtype must be x's or float32");
+  }
+  if (!AddRmsNormGridFor(s.rows, s.d, ItemSize(s.dtype), grid)) {
+    BadArgument(std::to_string(s.rows) + " rows of " + std::to_string(s.d) +
+                " elements are not served by the fused kernel's grid rule");
+  }
+  if (s.timeout_ns == 0 || s.timeout_ns > kMaxTimeoutNs) {
+    BadArgument("the timeout must be 1-600000 ms");
+  }
+  if (s.calls < 1) BadArgument("calls must be positive");
+}
+
+// Everything one run allocates; freed unless `leak` (kernels may still run).
+struct Resources {
+  int world = 0;
+  std::vector<char*> scratch;
+  std::vector<uint64_t*> state;       // kEpochCounters counters + the claim word
+  std::vector<PeerTable*> tables;
+  std::vector<ErrorRecord*> records;  // host-mapped
+  std::vector<cudaStream_t> streams;
+  std::vector<char*> buffers;         // x, outputs, residual, weight, scratch output
+  bool leak = false;
+
+  explicit Resources(int w) : world(w), scratch(w), state(w), tables(w), records(w), streams(w) {}
+  ~Resources() {
+    if (leak) return;
+    for (int r = 0; r < world; ++r) {
+      if (streams[r] != nullptr) (void)cudaStreamDestroy(streams[r]);
+      if (scratch[r] != nullptr) (void)cudaFree(scratch[r]);
+      if (state[r] != nullptr) (void)cudaFree(state[r]);
+      if (tables[r] != nullptr) (void)cudaFree(tables[r]);
+      if (records[r] != nullptr) (void)cudaFreeHost(records[r]);
+    }
+    for (char* b : buffers) (void)cudaFree(b);
+    (void)cudaGetLastError();
+  }
+  Resources(const Resources&) = delete;
+  Resources& operator=(const Resources&) = delete;
+
+  char* Alloc(size_t bytes, const char* what) {
+    char* p = nullptr;
+    CheckCuda(cudaMalloc(&p, bytes), what);
+    buffers.push_back(p);
+    return p;
+  }
+};
+
+cudaError_t WaitStreams(const std::vector<cudaStream_t>& streams, Clock::time_point deadline) {
+  while (true) {
+    bool idle = true;
+    for (cudaStream_t s : streams) {
+      const cudaError_t e = cudaStreamQuery(s);
+      if (e == cudaErrorNotReady) {
+        idle = false;
+      } else if (e != cudaSuccess) {
+        return e;
+      }
+    }
+    if (idle) return cudaSuccess;
+    if (Clock::now() > deadline) return cudaErrorNotReady;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+// Calls whose grid launched warp w of block b: `calls` fused calls, and as
+// many one-shot all-reduces when interleaved.
+std::string CheckEpochs(const std::vector<uint64_t>& counters, const FusedLoopbackSpec& s,
+                        const AddRmsNormGrid& fused, const OneShotGrid& all_reduce,
+                        int rank) {
+  for (uint32_t b = 0; b < static_cast<uint32_t>(kMaxBlocks); ++b) {
+    for (uint32_t w = 0; w < static_cast<uint32_t>(kMaxWarps); ++w) {
+      uint64_t want = s.start_epoch;
+      if (b < fused.blocks && w < fused.threads / kWarpSize) want += s.calls;
+      if (s.interleave && b < all_reduce.blocks && w < all_reduce.threads / kWarpSize) {
+        want += s.calls;
+      }
+      const uint64_t got = counters[b * kMaxWarps + w];
+      if (got != want) {
+        std::ostringstream m;
+        m << "rank " << rank << " block " << b << " warp " << w << ": epoch " << got
+          << ", expected " << want;
+        return m.str();
+      }
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+FusedLoopbackPlan PlanFusedLoopback(const FusedLoopbackSpec& s) {
+  FusedLoopbackPlan p;
+  Validate(s, &p.grid);
+  DeviceGuard guard;
+  CheckCuda(cudaSetDevice(s.ordinal), "cudaSetDevice");
+  const ProductionCopy::Kernel kernel = ProductionCopy::For(s.dtype, s.weight, s.world);
+  cudaFuncAttributes attr;
+  CheckCuda(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)),
+            "cudaFuncGetAttributes(fused kernel)");
+  p.regs_per_thread = attr.numRegs;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(p.grid.blocks);
+  config.blockDim = dim3(p.grid.threads);
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = p.grid.cluster_blocks;
+  cluster[0].val.clusterDim.y = 1;
+  cluster[0].val.clusterDim.z = 1;
+  config.attrs = cluster;
+  config.numAttrs = 1;
+  CheckCuda(cudaOccupancyMaxActiveClusters(&p.max_active_clusters, kernel, &config),
+            "cudaOccupancyMaxActiveClusters(fused kernel)");
+  p.clusters = static_cast<uint32_t>(s.world) * s.rows;
+  p.co_resident = p.clusters <= static_cast<uint32_t>(p.max_active_clusters);
+  if (s.interleave) {
+    // The all-reduce's grid must fit too (loopback.h's rule).
+    const uint32_t n_bytes = s.rows * s.d * ItemSize(s.dtype);
+    const OneShotGrid g = OneShotGridFor(n_bytes / kPayloadBytesPerLine);  // whole lines
+    int regs = 0, per_sm = 0, sms = 0;
+    CheckCuda(OneShotLLOccupancy(s.dtype, s.world, false, g.threads, &regs, &per_sm),
+              "occupancy of the one-shot kernel");
+    CheckCuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, s.ordinal),
+              "cudaDeviceGetAttribute(multiprocessors)");
+    p.co_resident = p.co_resident && static_cast<uint64_t>(s.world) * g.blocks <=
+                                         static_cast<uint64_t>(sms) * per_sm;
+  }
+  return p;
+}
+
+FusedLoopbackResult RunFusedLoopback(const FusedLoopbackSpec& s, const std::vector<uint8_t>& x,
+                                     const std::vector<uint8_t>& residual,
+                                     const std::vector<uint8_t>& weight) {
+  FusedLoopbackResult res;
+  res.plan = PlanFusedLoopback(s);
+  const int W = s.world;
+  const size_t n_bytes = size_t(s.rows) * s.d * ItemSize(s.dtype);
+  const size_t w_bytes = size_t(s.d) * ItemSize(s.weight);
+  if (x.size() != W * n_bytes || residual.size() != n_bytes || weight.size() != w_bytes) {
+    BadArgument("x must hold world x rows x d elements, residual rows x d, weight d");
+  }
+  if (!res.plan.co_resident) {
+    std::ostringstream m;
+    m << "the " << W << " ranks' " << res.plan.clusters << " clusters of "
+      << res.plan.grid.cluster_blocks << " blocks of " << res.plan.grid.threads
+      << " threads do not fit on the device at once (at most "
+      << res.plan.max_active_clusters << "), or the interleaved all-reduce's grids do not";
+    BadArgument(m.str());
+  }
+  res.records.assign(W, ErrorRecord{});
+
+  DeviceGuard guard;
+  CheckCuda(cudaSetDevice(s.ordinal), "cudaSetDevice");
+  CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before the set-up)");
+  Resources rs(W);
+
+  // Set-up: what CreateGroup (registry.cc) gives each rank, on one device.
+  const size_t scratch_bytes = ScratchBytes(W);
+  const size_t state_bytes = sizeof(uint64_t) * (kEpochCounters + 1);
+  const std::vector<uint64_t> epochs(kEpochCounters, s.start_epoch);
+  for (int r = 0; r < W; ++r) {
+    CheckCuda(cudaMalloc(&rs.scratch[r], scratch_bytes), "cudaMalloc(scratch)");
+    CheckCuda(cudaMemset(rs.scratch[r], 0, scratch_bytes), "cudaMemset(scratch)");
+    CheckCuda(cudaMalloc(&rs.state[r], state_bytes), "cudaMalloc(epochs)");
+    CheckCuda(cudaMemset(rs.state[r], 0, state_bytes), "cudaMemset(epochs)");
+    CheckCuda(cudaMemcpy(rs.state[r], epochs.data(), sizeof(uint64_t) * kEpochCounters,
+                         cudaMemcpyHostToDevice),
+              "cudaMemcpy(epochs)");
+    CheckCuda(cudaMalloc(&rs.tables[r], sizeof(PeerTable)), "cudaMalloc(peer table)");
+    CheckCuda(cudaHostAlloc(reinterpret_cast<void**>(&rs.records[r]), sizeof(ErrorRecord),
+                            cudaHostAllocMapped | cudaHostAllocPortable),
+              "cudaHostAlloc(error record)");
+    std::memset(rs.records[r], 0, sizeof(ErrorRecord));
+    CheckCuda(cudaStreamCreateWithFlags(&rs.streams[r], cudaStreamNonBlocking),
+              "cudaStreamCreateWithFlags");
+  }
+  for (int r = 0; r < W; ++r) {
+    PeerTable table{};
+    for (int p = 0; p < W; ++p) table.scratch[p] = rs.scratch[p];
+    table.error_claim = reinterpret_cast<int32_t*>(rs.state[r] + kEpochCounters);
+    CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table.error), rs.records[r], 0),
+              "cudaHostGetDevicePointer");
+    table.timeout_ns = s.timeout_ns;
+    CheckCuda(cudaMemcpy(rs.tables[r], &table, sizeof(table), cudaMemcpyHostToDevice),
+              "cudaMemcpy(peer table)");
+  }
+  char* d_x = rs.Alloc(W * n_bytes, "cudaMalloc(x)");
+  char* d_normed = rs.Alloc(W * n_bytes, "cudaMalloc(normed)");
+  char* d_new_residual = rs.Alloc(W * n_bytes, "cudaMalloc(new_residual)");
+  char* d_all_reduce = rs.Alloc(W * n_bytes, "cudaMalloc(all-reduce output)");
+  char* d_residual = rs.Alloc(n_bytes, "cudaMalloc(residual)");
+  char* d_weight = rs.Alloc(w_bytes, "cudaMalloc(weight)");
+  CheckCuda(cudaMemcpy(d_x, x.data(), W * n_bytes, cudaMemcpyHostToDevice), "cudaMemcpy(x)");
+  CheckCuda(cudaMemcpy(d_residual, residual.data(), n_bytes, cudaMemcpyHostToDevice),
+            "cudaMemcpy(residual)");
+  CheckCuda(cudaMemcpy(d_weight, weight.data(), w_bytes, cudaMemcpyHostToDevice),
+            "cudaMemcpy(weight)");
+  CheckCuda(cudaMemset(d_normed, kPoison, W * n_bytes), "cudaMemset(normed)");
+  CheckCuda(cudaMemset(d_new_residual, kPoison, W * n_bytes), "cudaMemset(new_residual)");
+  CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after the set-up)");
+
+  const auto timeout = std::chrono::nanoseconds(2 * s.timeout_ns + kHostMarginNs);
+  cudaError_t launch_error = cudaSuccess;
+  cudaError_t error = cudaSuccess;
+  for (int c = 0; c < s.calls && error == cudaSuccess && launch_error == cudaSuccess; ++c) {
+    for (int r = 0; r < W && launch_error == cudaSuccess; ++r) {
+      AllReduceArgs base{};
+      base.epochs = rs.state[r];
+      base.peers = rs.tables[r];
+      base.rank = static_cast<uint8_t>(r);
+      base.world = static_cast<uint8_t>(W);
+      if (s.interleave) {
+        AllReduceArgs a = base;
+        a.in = d_x + r * n_bytes;
+        a.out = d_all_reduce + r * n_bytes;
+        a.n_bytes = static_cast<uint32_t>(n_bytes);
+        launch_error = LaunchOneShotLL(a, s.dtype, rs.streams[r]);
+        if (launch_error != cudaSuccess) break;
+      }
+      AddRmsNormArgs f{};
+      f.all_reduce = base;
+      f.all_reduce.in = d_x + r * n_bytes;
+      f.all_reduce.out = d_normed + r * n_bytes;
+      f.residual = d_residual;
+      f.weight = d_weight;
+      f.new_residual = d_new_residual + r * n_bytes;
+      f.eps = s.eps;
+      f.d = s.d;
+      f.rows = static_cast<uint16_t>(s.rows);
+      launch_error = LaunchOneShotLLAddRmsNorm(f, s.dtype, s.weight, rs.streams[r]);
+    }
+    // Every call is waited for: a rank's calls are ordered by its stream, but
+    // the harness checks each call's completion before it launches the next.
+    error = WaitStreams(rs.streams, Clock::now() + timeout);
+  }
+  for (int r = 0; r < W; ++r) {
+    std::memcpy(&res.records[r], const_cast<const ErrorRecord*>(rs.records[r]),
+                sizeof(ErrorRecord));
+  }
+  if (error == cudaErrorNotReady) {
+    res.deadline_exceeded = true;
+    res.cuda_error = "host deadline passed with kernels still running";
+    if (launch_error != cudaSuccess) {
+      res.cuda_error = "launch: " + CudaErrorText(launch_error) + "; " + res.cuda_error;
+    }
+    rs.leak = true;
+    return res;
+  }
+  if (error != cudaSuccess || launch_error != cudaSuccess) {
+    if (launch_error != cudaSuccess) res.cuda_error = "launch: " + CudaErrorText(launch_error);
+    if (error != cudaSuccess) {
+      res.cuda_error += (res.cuda_error.empty() ? "" : "; ") + CudaErrorText(error);
+    }
+    return res;
+  }
+  res.normed.resize(W * n_bytes);
+  res.new_residual.resize(W * n_bytes);
+  error = cudaMemcpy(res.normed.data(), d_normed, W * n_bytes, cudaMemcpyDeviceToHost);
+  if (error == cudaSuccess) {
+    error = cudaMemcpy(res.new_residual.data(), d_new_residual, W * n_bytes,
+                       cudaMemcpyDeviceToHost);
+  }
+  const OneShotGrid all_reduce_grid =
+      OneShotGridFor(static_cast<uint32_t>(n_bytes / kPayloadBytesPerLine));
+  std::vector<uint64_t> counters(kEpochCounters);
+  for (int r = 0; r < W && error == cudaSuccess; ++r) {
+    error = cudaMemcpy(counters.data(), rs.state[r], sizeof(uint64_t) * kEpochCounters,
+                       cudaMemcpyDeviceToHost);
+    if (error == cudaSuccess && res.epoch_mismatch.empty()) {
+      res.epoch_mismatch = CheckEpochs(counters, s, res.plan.grid, all_reduce_grid, r);
+    }
+  }
+  if (error != cudaSuccess) {
+    res.cuda_error = CudaErrorText(error);
+    res.normed.clear();
+    res.new_residual.clear();
+    return res;
+  }
+  res.epochs_checked = true;
+  return res;
+}
+
+}  // namespace llar

@@ -1,0 +1,230 @@
+"""Loopback harness: the all-reduce protocol at every world size, on one GPU.
+
+  python -m jax_llar.tools.loopback [--worlds 2,3,4,5,8,16] [--dtypes float32,bfloat16]
+      [--sizes 4,100,4096] [--calls 50] [--generic] [--no_sync] [--json out.json]
+  python -m jax_llar.tools.loopback --skip_rank R --skip_call C [...]   (fault mode)
+  python -m jax_llar.tools.loopback --op add_rms_norm [--shapes 1x4096,8x2048] [...]
+      (the fused all-reduce + residual add + RMSNorm: jax_llar.tools.loopback_fused)
+
+Needs one CUDA GPU and the CUDA extension. W ranks of one group are
+simulated on that GPU: W scratch regions, W sets of epoch counters, error
+records and peer tables (each table pointing at all W scratch regions on the
+same device) and W launches of the production launcher per call, each rank
+on a stream of its own so that the ranks' kernels run at once. Every kept
+output of every rank is compared bitwise with the fast path's promise, a
+float64 sum in rank order rounded once (NaNs by position), and every rank's
+epoch counters must have advanced once per call.
+
+What this tests: the protocol logic (LL lines and flags, per-warp epochs,
+scratch parity over many consecutive calls, with --no_sync also ranks that
+run calls ahead of each other, the re-zeroing window and the 32-bit flag
+wrap with --start_epochs), the rank-order reduction, the kernels
+specialised for 2, 4 and 8 ranks and the run-time-world one, for any world
+size 2-16. What it does not test: NVLink. Every store is local to the one
+GPU, so neither the ordering of remote stores over NVLink nor any speed is
+exercised; the result files hold no timings for that reason.
+
+Inputs are random; with --specials one input set of every case also carries
+special values (-0.0, subnormals, inf, inf - inf, NaN payloads and
+signalling NaNs, overflow, cancellation that only a float64 sum resolves,
+rounding ties). Call c uses input set c modulo --sets.
+
+All ranks' grids must be resident at once (a block spins until the same
+block of every rank has sent): a case whose grids do not fit on the device
+is skipped and says so. The tool sets CUDA_DEVICE_MAX_CONNECTIONS=32 (unless
+set) before CUDA starts, so that each rank's stream gets a hardware queue of
+its own.
+
+Fault mode (--skip_rank R): in each case, rank R's kernel is never launched
+on call --skip_call; every other rank must end in the bounded wait's error,
+with a report naming itself as the rank that waited and R as the peer, at
+that call's epoch, within its timeout, never a hang. Each case runs in a
+child process, because the timed-out kernel traps and the CUDA context of
+its process is lost.
+
+Results: a table on stdout and a JSON file (--json, else
+OUT/<machine>-<yyyymmdd>-loopback<tag>.json) with the environment, the
+commit and one row per case. The exit status is 1 when a case failed or none
+ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Sequence
+
+from absl import flags
+
+from jax_llar.tools import _cli, _native, report
+from jax_llar.tools import loopback_fused as lf
+from jax_llar.tools import loopback_harness as lh
+
+WORLDS = flags.DEFINE_list("worlds", [str(w) for w in lh.DEFAULT_WORLDS],
+                           "Simulated world sizes (ranks), 2-16.")
+DTYPES_FLAG = flags.DEFINE_list("dtypes", list(lh.Settings.dtypes),
+                                "Element types: float32, bfloat16, float16, int32 "
+                                "(or f32, bf16, f16, i32).")
+SIZES = flags.DEFINE_list("sizes", [str(n) for n in lh.DEFAULT_SIZES],
+                          f"Payload sizes, bytes per rank, 1-{lh.MAX_BYTES}.")
+CALLS = flags.DEFINE_integer("calls", 50, "Consecutive all-reduce calls per case.",
+                             lower_bound=1)
+SETS = flags.DEFINE_integer("sets", 4, "Input sets; call c uses set c % sets.",
+                            lower_bound=1, upper_bound=1024)
+SPECIALS = flags.DEFINE_bool("specials", True,
+                             "Put special values (signed zeros, subnormals, inf, NaN, "
+                             "overflow, cancellation, ties) into one input set.")
+GENERIC = flags.DEFINE_bool("generic", False,
+                            "Run the run-time world-size kernel for every world size "
+                            "(production runs it for other than 2, 4 and 8 ranks).")
+NO_SYNC = flags.DEFINE_bool("no_sync", False,
+                            "Do not synchronise the ranks between calls: each rank's "
+                            "calls are ordered only by its own stream, so ranks run "
+                            "calls ahead of each other (double buffering).")
+BLOCK_LINES = flags.DEFINE_integer("block_lines", 0,
+                                   "Grid rule's lines per block (0: production).",
+                                   lower_bound=0, upper_bound=512)
+TIMEOUT_MS = flags.DEFINE_integer("timeout_ms", 2000,
+                                  "The kernels' bound on every wait, milliseconds.",
+                                  lower_bound=1, upper_bound=600_000)
+START_EPOCHS = flags.DEFINE_list(
+    "start_epochs", ["0"],
+    "Epoch counters start here; each case runs once per value. Values just below "
+    "a multiple of 2^30 cross the re-zeroing window, just below 2^32 the 32-bit "
+    "flag wrap (e.g. 0,1073741800,4294967270).")
+MISALIGN = flags.DEFINE_integer("misalign", 0,
+                                "Bytes added to every input and output address, 0-7 "
+                                "(non-zero: the kernel's byte-wise path).",
+                                lower_bound=0, upper_bound=7)
+KEEP = flags.DEFINE_integer("keep", 0,
+                            "Check the outputs of the last KEEP calls (0: all), at "
+                            "most --max_output_mib of them per case.", lower_bound=0)
+MAX_OUTPUT_MIB = flags.DEFINE_integer("max_output_mib", 256,
+                                      "Bound on the outputs held per case, MiB.",
+                                      lower_bound=1)
+SEED = flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
+DEVICE = flags.DEFINE_integer("device", 0, "CUDA ordinal to run on.", lower_bound=0)
+SKIP_RANK = flags.DEFINE_integer(
+    "skip_rank", -1,
+    "Fault mode: never launch this rank's kernel on call --skip_call; each case "
+    "runs in a child process and must end in the bounded-wait error naming it.",
+    lower_bound=-1, upper_bound=lh.MAX_RANKS - 1)
+SKIP_CALL = flags.DEFINE_integer("skip_call", 3, "Fault mode: the call rank "
+                                 "--skip_rank misses (0-based, below --calls).",
+                                 lower_bound=0)
+OP = flags.DEFINE_enum(
+    "op", "all_reduce", ["all_reduce", "add_rms_norm"],
+    "all_reduce: the one-shot all-reduce (the flags above). add_rms_norm: the fused "
+    "all-reduce + residual add + RMSNorm (jax_llar.tools.loopback_fused) over "
+    "--worlds, --dtypes, --shapes, --calls (each after a one-shot all-reduce of x), "
+    "--start_epochs, --timeout_ms, --seed, --device; the other flags do not apply.")
+SHAPES = flags.DEFINE_list(
+    "shapes", [f"{r}x{d}" for r, d in lf.DEFAULT_SHAPES],
+    "--op add_rms_norm: x's shapes per rank, ROWSxD (rows of d elements).")
+JSON = flags.DEFINE_string("json", None, "Write the result to this file (default: "
+                           "OUT/<machine>-<yyyymmdd>-loopback<tag>.json).")
+OUT = flags.DEFINE_string("out", report.default_out_dir(), report.OUT_HELP)
+TAG = flags.DEFINE_string("tag", "", "Suffix of the result file name.")
+
+
+def _ints(values: Sequence[str], what: str) -> tuple[int, ...]:
+  try:
+    return tuple(int(v) for v in values)
+  except ValueError:
+    raise ValueError(f"--{what} must be integers: {','.join(values)}") from None
+
+
+def settings_from_flags() -> lh.Settings:
+  """The Settings the flags describe (not yet validated).
+
+  Raises:
+    ValueError: a list flag holds something other than integers.
+  """
+  return lh.Settings(
+      worlds=_ints(WORLDS.value, "worlds"), dtypes=tuple(DTYPES_FLAG.value),
+      sizes=_ints(SIZES.value, "sizes"), calls=CALLS.value, sets=SETS.value,
+      specials=SPECIALS.value, generic=GENERIC.value, sync=not NO_SYNC.value,
+      block_lines=BLOCK_LINES.value, timeout_ms=TIMEOUT_MS.value,
+      start_epochs=_ints(START_EPOCHS.value, "start_epochs"), misalign=MISALIGN.value,
+      keep=KEEP.value, max_output_bytes=MAX_OUTPUT_MIB.value << 20, seed=SEED.value,
+      device=DEVICE.value)
+
+
+def save(result: dict, json_path: str | None, out_dir: str, tag: str) -> str:
+  """Writes `result` to `json_path`, or as a result file in `out_dir`;
+  returns the path."""
+  if json_path:
+    os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+    with open(json_path, "w") as f:
+      json.dump(result, f, indent=1, default=str)
+    return json_path
+  return report.save(result, out_dir, report.stem("loopback", tag))[0]
+
+
+def main() -> int:
+  # Read by CUDA when it creates the context: before JAX starts its backends.
+  os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", lh.MAX_CONNECTIONS)
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  try:
+    s = settings_from_flags()
+    shapes = lf.parse_shapes(SHAPES.value)
+  except ValueError as e:
+    print(f"jax_llar.tools.loopback: {e}")
+    return 1
+  if OP.value == "add_rms_norm":
+    return main_add_rms_norm(s, shapes)
+  errors = lh.validate(s)
+  if SKIP_RANK.value >= 0 and SKIP_CALL.value >= s.calls:
+    errors.append("--skip_call must be below --calls")
+  if errors:
+    print("jax_llar.tools.loopback: " + "; ".join(errors))
+    return 1
+  # In fault mode only the children start CUDA; they say when they cannot.
+  if SKIP_RANK.value < 0 and _native.load() is None:
+    print(f"jax_llar.tools.loopback needs one CUDA GPU and the CUDA extension: "
+          f"{_native.reason()}")
+    return 1
+  print(lh.NOTE, flush=True)
+  result = lh.run(s, SKIP_RANK.value, SKIP_CALL.value)
+  path = save(result, JSON.value, OUT.value, TAG.value)
+  counts = lh.summary(result["rows"])
+  print("cases: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+  connections = {r.get("max_connections") for r in result["rows"]} - {None}
+  if connections and any(int(c) < max(s.worlds) for c in connections if c.isdigit()):
+    print(f"note: CUDA_DEVICE_MAX_CONNECTIONS={','.join(sorted(connections))} is below "
+          "the largest world size: some ranks' streams shared a hardware queue")
+  print(f"saved {path}")
+  ran = counts.get("pass", 0) + counts.get("fail", 0) + counts.get("error", 0)
+  bad = counts.get("fail", 0) + counts.get("error", 0) + counts.get("not_run", 0)
+  return 1 if bad or not ran else 0
+
+
+def main_add_rms_norm(s: lh.Settings, shapes) -> int:
+  """--op add_rms_norm: the fused kernel's cases (jax_llar.tools.loopback_fused)."""
+  if not DTYPES_FLAG.present:  # int32 is not the fused op's
+    s = dataclasses.replace(s, dtypes=("float32", "bfloat16", "float16"))
+  errors = [e for e in lh.validate(s) if not e.startswith("sizes")]
+  if SKIP_RANK.value >= 0:
+    errors.append("--skip_rank applies to --op all_reduce only")
+  if errors:
+    print("jax_llar.tools.loopback: " + "; ".join(errors))
+    return 1
+  if _native.load() is None:
+    print(f"jax_llar.tools.loopback needs one CUDA GPU and the CUDA extension: "
+          f"{_native.reason()}")
+    return 1
+  print(lf.NOTE, flush=True)
+  result = lf.run(s.worlds, s.dtypes, shapes, s.calls, s.timeout_ms, s.start_epochs,
+                  s.seed, s.device)
+  path = save(result, JSON.value, OUT.value, TAG.value or "-add_rms_norm")
+  counts = lh.summary(result["rows"])
+  print("cases: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+  print(f"saved {path}")
+  ran = counts.get("pass", 0) + counts.get("fail", 0) + counts.get("error", 0)
+  bad = counts.get("fail", 0) + counts.get("error", 0) + counts.get("not_run", 0)
+  return 1 if bad or not ran else 0
+
+
+if __name__ == "__main__":
+  _cli.run(main)

@@ -1,0 +1,639 @@
+"""The loopback harness's logic: cases, inputs, checks and the fault verdict.
+
+W ranks of one group are simulated on ONE GPU by the native harness
+(``jax_llar.tools._llar_tools.loopback``; ``ffi/tools/loopback.h`` in the
+repository): W scratch regions, W sets of epoch counters, error records and
+peer tables (each table pointing at all W scratch regions on the same
+device) and W launches of the production launcher per call, each rank on a
+stream of its own so that the ranks' kernels run at once. This module makes
+the inputs, runs the cases and checks every kept output of every rank
+bitwise against the fast path's promise, a float64 sum in rank order rounded
+once (`jax_llar.testing.rank_order_sum`; NaNs by position, as
+`jax_llar.testing.bitwise_equal`); every rank's epoch counters must also
+have advanced once per call. The command line is `jax_llar.tools.loopback`,
+which says what the harness does and does not test.
+
+Special inputs (`special_columns`): one input set of every case carries
+signed zeros, subnormals, inf, inf - inf, NaN payloads and signalling NaNs,
+overflow, cancellation that only a float64 sum resolves and rounding ties
+(int32: sums that wrap).
+
+Fault mode (`run_fault_case`): rank R's kernel is never launched on one
+call; the others must end in the bounded wait's error, with the report that
+`fault_problems` expects. It runs in a child process
+(`jax_llar.tools.programs.loopback_fault`), because the timed-out kernel
+traps and the CUDA context of its process is lost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from jax_llar import algorithms, testing
+from jax_llar.tools import _native, report
+
+# Element types: flag spelling -> numpy dtype; the native module's
+# DTYPE_CODES are keyed by str(dtype).
+DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
+          "float16": np.dtype(np.float16), "int32": np.dtype(np.int32)}
+DTYPES.update({"f32": DTYPES["float32"], "bf16": DTYPES["bfloat16"],
+               "f16": DTYPES["float16"], "i32": DTYPES["int32"]})
+MAX_RANKS = algorithms.MAX_RANKS
+MAX_BYTES = algorithms.MAX_BYTES[algorithms.Algorithm.ONE_SHOT_LL]  # per rank
+IMPL = "loopback.one_shot_ll"
+NOTE = ("loopback harness: all ranks simulated on one GPU; tests the protocol "
+        "logic and the reduction, not NVLink (every store is local), and measures "
+        "no speed")
+# Hardware queues asked of CUDA (read when the context is created), so that
+# every rank's stream has its own.
+MAX_CONNECTIONS = "32"
+# Seconds a fault child may take beyond twice its kernel timeout: starting
+# JAX and CUDA, building the inputs.
+CHILD_START_S = 180
+CHILD = "jax_llar.tools.programs.loopback_fault"
+
+DEFAULT_WORLDS = (2, 3, 4, 5, 8, 16)
+DEFAULT_SIZES = (4, 100, 1024, 4096, 65536, 262144)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What one run of the harness covers.
+
+  Attributes:
+    worlds: simulated world sizes, 2..16.
+    dtypes: element types (keys of DTYPES).
+    sizes: payload bytes per rank, 1..MAX_BYTES (a size that is not a whole
+      number of elements of a dtype is skipped for it).
+    calls: consecutive all-reduce calls per case.
+    sets: input sets; call c uses set c % sets.
+    specials: whether one input set carries special values.
+    generic: the run-time world-size kernel for every world size.
+    sync: synchronise all ranks between calls (else each rank's calls are
+      ordered only by its own stream).
+    block_lines: the grid rule's lines per block (0: production).
+    timeout_ms: the kernels' bound on every wait.
+    start_epochs: values every epoch counter starts from; each case runs
+      once per value.
+    misalign: bytes added to the input and output addresses (0..7).
+    keep: calls whose outputs are checked, the last ones (0: all), capped
+      by max_output_bytes.
+    max_output_bytes: bound on the outputs held per case (device and host).
+    seed: seed of the random inputs.
+    device: CUDA ordinal to run on.
+  """
+  worlds: tuple[int, ...] = DEFAULT_WORLDS
+  dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16", "int32")
+  sizes: tuple[int, ...] = DEFAULT_SIZES
+  calls: int = 50
+  sets: int = 4
+  specials: bool = True
+  generic: bool = False
+  sync: bool = True
+  block_lines: int = 0
+  timeout_ms: int = 2000
+  start_epochs: tuple[int, ...] = (0,)
+  misalign: int = 0
+  keep: int = 0
+  max_output_bytes: int = 256 << 20
+  seed: int = 0
+  device: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  """One cell of the matrix."""
+  world: int
+  dtype: str
+  n_bytes: int
+  start_epoch: int = 0
+
+  @property
+  def np_dtype(self) -> np.dtype:
+    return DTYPES[self.dtype]
+
+  @property
+  def n_elems(self) -> int:
+    return self.n_bytes // self.np_dtype.itemsize
+
+
+def validate(s: Settings) -> list[str]:
+  """What is wrong with `s`, one sentence each (empty when nothing is)."""
+  errors = []
+  if not s.worlds or any(not 2 <= w <= MAX_RANKS for w in s.worlds):
+    errors.append(f"world sizes must be 2-{MAX_RANKS}: {list(s.worlds)}")
+  if not s.dtypes or any(d not in DTYPES for d in s.dtypes):
+    errors.append(f"dtypes must be among {', '.join(sorted(DTYPES))}: {list(s.dtypes)}")
+  if not s.sizes or any(not 1 <= n <= MAX_BYTES for n in s.sizes):
+    errors.append(f"sizes must be 1-{MAX_BYTES} bytes per rank: {list(s.sizes)}")
+  if s.calls < 1:
+    errors.append("calls must be positive")
+  if not 1 <= s.sets <= 1024:
+    errors.append("sets must be 1-1024")
+  if not 0 <= s.block_lines <= 512:
+    errors.append("block_lines must be 0 (production) or 1-512")
+  if not 1 <= s.timeout_ms <= 600_000:
+    errors.append("timeout_ms must be 1-600000")
+  if not s.start_epochs or any(not 0 <= e < 2**64 - 2**32 for e in s.start_epochs):
+    errors.append("start epochs must be non-negative and leave room for the calls")
+  if not 0 <= s.misalign <= 7:
+    errors.append("misalign must be 0-7 bytes")
+  if not 0 <= s.keep <= s.calls:
+    errors.append("keep must be 0 (all calls) or 1-calls")
+  if s.max_output_bytes < 1:
+    errors.append("max_output_bytes must be positive")
+  return errors
+
+
+def cases(s: Settings) -> list[tuple[Case, str | None]]:
+  """Every case of `s` in run order (world, dtype, size, start epoch), with
+  the reason it is skipped before any device is asked, or None."""
+  out = []
+  for world in s.worlds:
+    for dtype in s.dtypes:
+      for n in s.sizes:
+        for e in s.start_epochs:
+          c = Case(world, dtype, n, e)
+          reason = None
+          if n % c.np_dtype.itemsize:
+            reason = f"{n} bytes is not a whole number of {dtype} elements"
+          out.append((c, reason))
+  return out
+
+
+def kept_calls(s: Settings, case: Case) -> int:
+  """How many calls' outputs (the last ones) are kept and checked."""
+  keep = s.keep or s.calls
+  cap = max(1, s.max_output_bytes // (case.world * case.n_bytes))
+  return max(1, min(keep, cap))
+
+
+# --- inputs --------------------------------------------------------------------------
+
+
+def special_columns(world: int, dtype) -> np.ndarray:
+  """Special inputs, shape (k, world): column j of an input set holds row
+  j % k across the ranks. For floats: signed zeros, subnormals and their sum
+  into the normal range, inf, inf - inf, NaN at several ranks (a quiet NaN
+  with a payload, a negative one, a signalling one), overflow of the sum,
+  cancellation that only a float64 sum resolves, and a rounding tie. For
+  int32: sums that wrap."""
+  dtype = np.dtype(dtype)
+  w = world
+  if dtype == np.dtype(np.int32):
+    i = np.iinfo(np.int32)
+    rows = [[i.max] * w, [i.min] * w, [-1] * w, [i.max] + [1] * (w - 1),
+            [i.min] + [-1] * (w - 1), [i.min, i.max] * (w // 2) + [0] * (w % 2)]
+    return np.array(rows, np.int64).astype(np.int32)
+  f = ml_dtypes.finfo(dtype)
+  tiny = float(f.smallest_subnormal)
+  top_sub = float(f.smallest_normal) - tiny  # largest subnormal
+  big = 2.0 ** (f.nmant + 2)  # big + 1 rounds back to big in the dtype's precision
+  half_ulp = 2.0 ** -(f.nmant + 1)  # 1 + half_ulp is a tie
+  inf, nan = float("inf"), float("nan")
+
+  def row(first, rest, last=None):
+    r = [first] + [rest] * (w - 1)
+    if last is not None:
+      r[-1] = last
+    return r
+
+  rows = [
+      [-0.0] * w,                                    # -0.0
+      row(-0.0, 0.0),                                # +0.0
+      row(0.0, 0.0, -0.0),                           # +0.0
+      [tiny] * w,                                    # w subnormal steps
+      [tiny if k % 2 == 0 else -tiny for k in range(w)],
+      [top_sub] * w,                                 # into the normal range
+      row(inf, 1.0),                                 # inf
+      row(inf, 0.0, -inf),                           # NaN
+      row(1.0, nan if w > 1 else 0.0),               # NaN at rank 1
+      [float(f.max)] * w,                            # overflows to inf
+      [float(f.max) if k % 2 == 0 else -float(f.max) for k in range(w)],
+      (row(big, 1.0, -big) if w > 2 else [big, -big]),  # 1 only in float64 (w > 2)
+      row(1.0, 0.0, half_ulp) if w > 2 else [1.0, half_ulp],  # a tie: to even
+      row(1.0, half_ulp / 4, half_ulp) if w > 2 else [1.0, -half_ulp / 2],
+  ]
+  with np.errstate(over="ignore", invalid="ignore"):
+    out = np.array(rows, np.float64).astype(dtype)
+  # NaN bit patterns: a payload at the last rank, a negative NaN at rank 0,
+  # a signalling NaN at rank 0 (its quiet bit clear).
+  quiet, sign = (0x7FC00001, 0x80000000) if dtype.itemsize == 4 else (
+      (0x7FC1, 0x8000) if dtype == np.dtype(ml_dtypes.bfloat16) else (0x7E01, 0x8000))
+  signalling = {4: 0x7F800001}.get(dtype.itemsize) or (
+      0x7F81 if dtype == np.dtype(ml_dtypes.bfloat16) else 0x7C01)
+  extra = np.ones((3, w), np.float64).astype(dtype)
+  bits = extra.view({2: np.uint16, 4: np.uint32}[dtype.itemsize])
+  bits[0, -1] = quiet
+  bits[1, 0] = quiet | sign
+  bits[2, 0] = signalling
+  return np.concatenate([out, extra])
+
+
+def special_set(rng: np.random.Generator, base: np.ndarray) -> np.ndarray:
+  """`base` (world, n) with the special columns at its first positions and
+  again at random positions after them."""
+  x = base.copy()
+  world, n = x.shape
+  cols = special_columns(world, x.dtype)
+  k = len(cols)
+  first = np.arange(min(n, k))
+  more = k + rng.choice(max(0, n - k), size=min(max(0, n - k), 4 * k), replace=False)
+  for i, p in enumerate(np.concatenate([first, more])):
+    x[:, p] = cols[i % k]
+  return x
+
+
+def make_inputs(rng: np.random.Generator, case: Case, sets: int,
+                specials: bool) -> np.ndarray:
+  """Input sets of `case`, shape (sets, world, n_elems): random data, and
+  with `specials` the special columns in set 1 (set 0 when there is one)."""
+  x = np.stack([np.stack([testing.random_array(rng, (case.n_elems,), case.np_dtype)
+                          for _ in range(case.world)]) for _ in range(sets)])
+  if specials:
+    k = 1 if sets > 1 else 0
+    x[k] = special_set(rng, x[k])
+  return x
+
+
+def references(inputs: np.ndarray) -> np.ndarray:
+  """The promised output of each input set, shape (sets, n_elems)."""
+  return np.stack([testing.rank_order_sum(list(x), x.dtype) for x in inputs])
+
+
+# --- checking ------------------------------------------------------------------------
+
+
+def mismatch_mask(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+  """Elementwise: True where `got` differs from `want` as
+  `testing.bitwise_equal` counts it (same bits; any NaN equals any NaN).
+  Shapes broadcast; dtypes must match."""
+  got, want = np.asarray(got), np.asarray(want)
+  if got.dtype != want.dtype:
+    raise ValueError(f"dtypes differ: {got.dtype} and {want.dtype}")
+  if got.dtype.kind != "f" and got.dtype != np.dtype(ml_dtypes.bfloat16):
+    return np.asarray(got != want)
+  view = {2: np.uint16, 4: np.uint32, 8: np.uint64}[got.dtype.itemsize]
+  got, want = np.broadcast_arrays(got, want)
+  differ = np.asarray(got.view(view) != want.view(view)).copy()
+  if differ.any():  # only there can two NaNs differ in bits and still agree
+    with np.errstate(invalid="ignore"):
+      both_nan = (np.isnan(got[differ].astype(np.float64)) &
+                  np.isnan(want[differ].astype(np.float64)))
+    differ[differ] = ~both_nan
+  return differ
+
+
+def _describe(x, dtype: np.dtype) -> dict:
+  view = {2: np.uint16, 4: np.uint32}[dtype.itemsize]
+  bits = int(np.array([x], dtype).view(view)[0])
+  with np.errstate(invalid="ignore"):
+    value = (repr(float(np.array([x], dtype).astype(np.float64)[0]))
+             if dtype.kind == "f" or dtype == np.dtype(ml_dtypes.bfloat16) else int(x))
+  return {"bits": f"0x{bits:0{2 * dtype.itemsize}x}", "value": value}
+
+
+def first_mismatch(outputs: np.ndarray, refs: np.ndarray, first_call: int,
+                   inputs: np.ndarray | None = None) -> dict | None:
+  """The first wrong element of the outputs, or None when all are right.
+
+  Args:
+    outputs: (kept, world, n) kept outputs; outputs[k] is call first_call + k.
+    refs: (sets, n) the promised output of each input set; call c used set
+      c % sets.
+    first_call: the call of outputs[0].
+    inputs: (sets, world, n), to quote the inputs of the wrong element.
+
+  Returns:
+    None, or ``{"call", "rank", "index", "got", "want" (each {"bits",
+    "value"}), "inputs" (the ranks' inputs there, values), "wrong_elements"
+    (over all calls and ranks), "wrong_calls" (how many calls had one)}``.
+  """
+  sets = refs.shape[0]
+  found, wrong, wrong_calls = None, 0, 0
+  for k in range(outputs.shape[0]):
+    call = first_call + k
+    bad = mismatch_mask(outputs[k], refs[call % sets][None, :])
+    count = int(bad.sum())
+    if not count:
+      continue
+    wrong += count
+    wrong_calls += 1
+    if found is None:
+      rank, index = (int(v) for v in np.argwhere(bad)[0])
+      dtype = outputs.dtype
+      found = {"call": call, "rank": rank, "index": index,
+               "got": _describe(outputs[k, rank, index], dtype),
+               "want": _describe(refs[call % sets, index], dtype)}
+      if inputs is not None:
+        found["inputs"] = [_describe(v, dtype)["value"]
+                           for v in inputs[call % sets, :, index]]
+  if found is not None:
+    found["wrong_elements"] = wrong
+    found["wrong_calls"] = wrong_calls
+  return found
+
+
+# --- one case ------------------------------------------------------------------------
+
+
+def _reported(records: Sequence[dict]) -> list[dict]:
+  return [dict(r) for r in records if r.get("code")]
+
+
+def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator) -> dict:
+  """Runs one case on the native harness and checks it.
+
+  Returns:
+    The case's row: impl, world_size, dtype, bytes_per_rank, start_epoch,
+    calls, calls_checked, kernel, sync, status ("pass", "fail", "skipped" or
+    "error"), correct, plan, and as they apply first_mismatch, reason,
+    cuda_error, records (the ranks' non-empty error records),
+    epoch_mismatch, seconds (the harness's wall time, not a speed).
+  """
+  keep = kept_calls(s, case)
+  row = {"impl": IMPL, "world_size": case.world, "dtype": case.dtype,
+         "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
+         "calls": s.calls, "calls_checked": keep, "sync": s.sync,
+         "generic": s.generic, "block_lines": s.block_lines, "misalign": s.misalign,
+         "status": "error", "correct": False}
+  code = mod.DTYPE_CODES[str(case.np_dtype)]
+  plan = dict(mod.loopback_plan(case.world, case.n_bytes, code, calls=s.calls, keep=keep,
+                                n_sets=s.sets, generic=s.generic,
+                                block_lines=s.block_lines, ordinal=s.device))
+  row["plan"] = plan
+  row["kernel"] = "generic" if plan["generic_kernel"] else f"world {case.world}"
+  if not plan["co_resident"]:
+    row["status"] = "skipped"
+    row["reason"] = (f"not co-resident: {case.world} x {plan['blocks']} blocks of "
+                     f"{plan['threads']} threads > {plan['sms']} SMs x "
+                     f"{plan['blocks_per_sm']} blocks")
+    return row
+  inputs = make_inputs(rng, case, s.sets, s.specials)
+  raw = np.ascontiguousarray(inputs).view(np.uint8)
+  r = mod.loopback(raw, code, s.calls, sync=s.sync, keep=keep, generic=s.generic,
+                   block_lines=s.block_lines, timeout_ms=float(s.timeout_ms),
+                   start_epoch=case.start_epoch, misalign=s.misalign, ordinal=s.device)
+  row["seconds"] = r["seconds"]
+  row["max_connections"] = r["max_connections"]
+  records = _reported(r["records"])
+  if records:
+    row["records"] = records
+  if r["cuda_error"] is not None:
+    row["cuda_error"] = r["cuda_error"]
+    row["failed_call"] = r["failed_call"]
+    row["deadline_exceeded"] = r["deadline_exceeded"]
+    return row
+  outputs = np.asarray(r["outputs"]).view(case.np_dtype)
+  mismatch = first_mismatch(outputs, references(inputs), r["first_kept_call"], inputs)
+  row["epoch_mismatch"] = r["epoch_mismatch"]
+  ok = (mismatch is None and r["epochs_checked"] and r["epoch_mismatch"] is None
+        and not records and outputs.shape[0] == keep)
+  row["status"] = "pass" if ok else "fail"
+  row["correct"] = ok
+  if mismatch is not None:
+    row["first_mismatch"] = mismatch
+  return row
+
+
+# --- fault mode ----------------------------------------------------------------------
+
+
+def fault_spec(s: Settings, case: Case, skip_rank: int, skip_call: int) -> dict:
+  """What a fault child runs (its one command-line argument, as JSON)."""
+  return {"world": case.world, "dtype": case.dtype, "n_bytes": case.n_bytes,
+          "start_epoch": case.start_epoch, "calls": s.calls, "sync": s.sync,
+          "generic": s.generic, "block_lines": s.block_lines,
+          "timeout_ms": s.timeout_ms, "misalign": s.misalign, "sets": s.sets,
+          "seed": s.seed, "device": s.device, "skip_rank": skip_rank,
+          "skip_call": skip_call}
+
+
+def fault_problems(spec: dict, data: dict | None) -> list[str]:
+  """Why a fault child's report is not the bounded-wait error expected of
+  `spec`, one sentence each; empty when it is.
+
+  Expected: the run stopped with a CUDA error (the trap) at call skip_call,
+  before the host deadline; at least one rank reported; every report is
+  from a rank other than skip_rank about itself (``rank`` = its index),
+  names skip_rank as the peer, carries the epoch of call skip_call and its
+  flag, and waited at least the timeout; the error came within the timeout
+  and the trap's wait for the report (wait.cuh) of the last launch; and
+  skip_rank reported nothing.
+  """
+  if data is None:
+    return ["the child printed no result"]
+  if data.get("unavailable"):
+    return [f"the child cannot run the harness: {data['unavailable']}"]
+  if data.get("skipped"):
+    return []
+  problems = []
+  rank_r, call = spec["skip_rank"], spec["skip_call"]
+  timeout_s = spec["timeout_ms"] / 1e3
+  epoch = spec["start_epoch"] + call
+  if data.get("deadline_exceeded"):
+    problems.append("the kernels still ran at the host deadline (a hang)")
+  if not data.get("cuda_error"):
+    problems.append("no CUDA error: the waits did not fail")
+  if data.get("failed_call") != call:
+    problems.append(f"the error came at call {data.get('failed_call')}, not {call}")
+  records = data.get("records") or []
+  reported = [(i, r) for i, r in enumerate(records) if r.get("code")]
+  if not reported:
+    problems.append("no rank reported a timed-out wait")
+  for i, r in reported:
+    where = f"rank {i}'s report"
+    if r.get("code") != 1:
+      problems.append(f"{where}: code {r.get('code')}, not 1 (timeout)")
+    if i == rank_r:
+      problems.append(f"{where}: the skipped rank reported")
+    if r.get("rank") != i:
+      problems.append(f"{where}: names rank {r.get('rank')} as the one that waited")
+    if r.get("peer") != rank_r:
+      problems.append(f"{where}: names peer {r.get('peer')}, not {rank_r}")
+    if r.get("epoch") != epoch:
+      problems.append(f"{where}: epoch {r.get('epoch')}, not {epoch}")
+    if r.get("flag_expected") != ((epoch & 0xFFFFFFFF) | 1):
+      problems.append(f"{where}: expected flag {r.get('flag_expected')}, not "
+                      f"{(epoch & 0xFFFFFFFF) | 1}")
+    if r.get("waited_ns", 0) < spec["timeout_ms"] * 1e6:
+      problems.append(f"{where}: waited {r.get('waited_ns')} ns, less than the timeout")
+  took = data.get("seconds_to_error")
+  # The bound: the kernel timeout, the trap's wait for the published report
+  # (at most one second, wait.cuh) and two seconds of slack.
+  if took is not None and data.get("cuda_error") and took > timeout_s + 3.0:
+    problems.append(f"the error came {took:.2f} s after the last launch, more than "
+                    f"the timeout + 3")
+  return problems
+
+
+def run_fault_child(spec: dict, env: dict[str, str] | None = None) -> dict:
+  """Runs one fault case in a child process, bounded.
+
+  Returns:
+    ``{"data": the child's JSON line or None, "rc", "hung" (the child was
+    killed at its deadline), "tail" (the last lines of its output)}``.
+  """
+  timeout = CHILD_START_S + 2 * spec["timeout_ms"] / 1e3
+  cmd = [sys.executable, "-m", CHILD, json.dumps(spec)]
+  child_env = dict(os.environ if env is None else env)
+  child_env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", MAX_CONNECTIONS)
+  child_env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  try:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env)
+  except subprocess.TimeoutExpired as e:
+    out = (e.stdout or b"")
+    out = out.decode(errors="replace") if isinstance(out, bytes) else out
+    return {"data": None, "rc": None, "hung": True, "tail": out[-2000:]}
+  data = None
+  for line in reversed(p.stdout.splitlines()):
+    if line.startswith("{"):
+      try:
+        data = json.loads(line)
+      except json.JSONDecodeError:
+        continue
+      break
+  return {"data": data, "rc": p.returncode, "hung": False,
+          "tail": (p.stdout + p.stderr)[-2000:]}
+
+
+def run_fault_case(s: Settings, case: Case, skip_rank: int, skip_call: int) -> dict:
+  """One fault case in a child process; its row (status "pass" when the
+  report is what `fault_problems` expects)."""
+  spec = fault_spec(s, case, skip_rank, skip_call)
+  row = {"impl": IMPL + ".fault", "world_size": case.world, "dtype": case.dtype,
+         "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
+         "calls": s.calls, "sync": s.sync, "generic": s.generic,
+         "skip_rank": skip_rank, "skip_call": skip_call, "timeout_ms": s.timeout_ms,
+         "status": "fail", "correct": False}
+  t0 = time.monotonic()
+  child = run_fault_child(spec)
+  row["child_seconds"] = round(time.monotonic() - t0, 3)
+  data = child["data"]
+  if child["hung"]:
+    row["problems"] = ["the child process did not end by its deadline (a hang)"]
+    row["tail"] = child["tail"]
+    return row
+  if data is not None and data.get("skipped"):
+    row["status"] = "skipped"
+    row["reason"] = data["skipped"]
+    return row
+  problems = fault_problems(spec, data)
+  if data is not None:
+    row.update({k: data.get(k) for k in ("cuda_error", "failed_call", "seconds_to_error",
+                                         "deadline_exceeded", "plan")})
+    row["records"] = _reported(data.get("records") or [])
+  if problems:
+    row["problems"] = problems
+    row["tail"] = child["tail"]
+  else:
+    row["status"] = "pass"
+    row["correct"] = True
+  return row
+
+
+# --- the run -------------------------------------------------------------------------
+
+
+def _line(row: dict) -> str:
+  kernel = row.get("kernel", "")
+  head = (f"W={row['world_size']:<2d} {row['dtype']:9s} {row['bytes_per_rank']:7d} B "
+          f"e0={row['start_epoch']:<10d} {kernel:9s} ")
+  status = row["status"].upper()
+  if "skip_rank" in row:
+    head += f"skip rank {row['skip_rank']} at call {row['skip_call']}: "
+  elif row["status"] in ("pass", "fail"):
+    head += f"{row['calls_checked']:3d}/{row['calls']} calls checked: "
+  detail = ""
+  if row.get("first_mismatch"):
+    m = row["first_mismatch"]
+    detail = (f" call {m['call']} rank {m['rank']} [{m['index']}]: got "
+              f"{m['got']['value']} ({m['got']['bits']}), want {m['want']['value']} "
+              f"({m['want']['bits']}); {m['wrong_elements']} wrong elements")
+  elif row.get("reason"):
+    detail = f" {row['reason']}"
+  elif row.get("problems"):
+    detail = " " + "; ".join(row["problems"][:3])
+  elif row.get("cuda_error"):
+    detail = f" {row['cuda_error']}"
+  elif row.get("epoch_mismatch"):
+    detail = f" {row['epoch_mismatch']}"
+  if row.get("records") and "skip_rank" in row:
+    r = row["records"][0]
+    detail += (f" (rank {r['rank']} waited for rank {r['peer']}, block {r['block']}, "
+               f"line {r['line']}, epoch {r['epoch']}; {len(row['records'])} report(s))")
+  return head + status + detail
+
+
+def run(s: Settings, skip_rank: int = -1, skip_call: int = 0) -> dict:
+  """Runs every case of `s` (fault mode when skip_rank >= 0); prints one
+  line per case as it goes.
+
+  Returns:
+    ``{"env", "level": "loopback", "note", "settings", "rows"}``.
+
+  In fault mode this process starts no CUDA context before its children
+  have run (a GPU in an exclusive compute mode admits one process at a
+  time); the environment block, read last, starts JAX's backends.
+
+  Raises:
+    RuntimeError: when the native tools module is unavailable (not in
+      fault mode, where each child says so).
+  """
+  mod = _native.require("python -m jax_llar.tools.loopback") if skip_rank < 0 else None
+  rng = np.random.default_rng(s.seed)
+  rows: list[dict] = []
+  broken = None  # why the CUDA context can no longer be used
+  for case, reason in cases(s):
+    if reason is None and skip_rank >= case.world:
+      reason = f"no rank {skip_rank} in a group of {case.world}"
+    if reason is not None:
+      row = {"impl": IMPL, "world_size": case.world, "dtype": case.dtype,
+             "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
+             "status": "skipped", "correct": False, "reason": reason}
+    elif broken is not None:
+      row = {"impl": IMPL, "world_size": case.world, "dtype": case.dtype,
+             "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
+             "status": "not_run", "correct": False, "reason": broken}
+    elif skip_rank >= 0:
+      row = run_fault_case(s, case, skip_rank, skip_call)
+    else:
+      try:
+        row = run_case(mod, s, case, rng)
+      except (ValueError, RuntimeError) as e:
+        row = {"impl": IMPL, "world_size": case.world, "dtype": case.dtype,
+               "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
+               "status": "error", "correct": False,
+               "reason": f"{type(e).__name__}: {e}"}
+        if isinstance(e, RuntimeError):
+          broken = f"an earlier case failed to set up ({e})"
+      if row.get("cuda_error"):
+        broken = (f"the CUDA context was lost in an earlier case (W={case.world} "
+                  f"{case.dtype} {case.n_bytes} B: {row['cuda_error']})")
+    rows.append(row)
+    if row["status"] != "not_run":
+      print(_line(row), flush=True)
+  if broken is not None:
+    print(f"stopped: {broken}; {sum(r['status'] == 'not_run' for r in rows)} case(s) "
+          "not run", flush=True)
+  return {"env": report.environment(), "level": "loopback", "note": NOTE,
+          "settings": dataclasses.asdict(s) | {"skip_rank": skip_rank,
+                                               "skip_call": skip_call},
+          "rows": rows}
+
+
+def summary(rows: Sequence[dict]) -> dict[str, int]:
+  """Rows per status."""
+  out: dict[str, int] = {}
+  for r in rows:
+    out[r["status"]] = out.get(r["status"], 0) + 1
+  return out

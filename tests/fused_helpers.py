@@ -1,0 +1,109 @@
+"""Helpers for the fused all-reduce + residual add + RMSNorm kernel (not a test
+file itself): its FFI contract, its grid rule, the host emulation of its
+result (jax_llar.tools.loopback_fused, which the one-GPU loopback harness
+checks with), and the comparison rule. Pure numpy; used by the CPU contract
+test (test_fused_kernel_contract.py) and the GPU suite
+(gpu/test_fused_kernel.py).
+
+The rule (jax_llar/fused.py, `reference`): new_residual bitwise equal;
+normed within NORMED_MAX_ULP units in the last place of x's dtype. The kernel
+sums the squares in another order than XLA's reduction; for the 16-bit
+dtypes that moves normed by at most one unit, for float32 by a few.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from jax_llar import testing
+from jax_llar.tools.loopback_fused import emulate, ulp_distance  # noqa: F401 (re-exported)
+from jax_llar.tools import loopback_fused
+
+TARGET = "jax_llar_all_reduce_add_rms_norm"
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+DTYPES = (F32, BF16, F16)
+
+# The largest payload per rank (x's bytes), the one-shot's: 64 * 512 * 8.
+FUSED_MAX_BYTES = 256 * 1024
+# Grid constants (kernels/kernels.h, args.h): lines per block the rule aims
+# at, the largest (portable) cluster, lines per block and blocks at most.
+FUSED_BLOCK_LINES = 64
+FUSED_MAX_CLUSTER_BLOCKS = 8
+LINES_PER_BLOCK = 512
+MAX_BLOCKS = 64
+
+# normed against the reference, in units in the last place of x's dtype.
+# Against XLA's reference on the GPU (same rsqrt instruction, another
+# summation order of the squares): 1 for 16-bit dtypes, a few for float32.
+# Against the host emulation (loopback_fused.emulate, with an exact
+# reciprocal square root where the GPU's rsqrt.approx.f32 is within
+# 2^-22.9): the same for 16-bit dtypes, more room for float32.
+NORMED_MAX_ULP = {F32: 4, BF16: 1, F16: 1}
+NORMED_MAX_ULP_EMULATION = loopback_fused.NORMED_MAX_ULP
+
+
+def fused_grid(rows: int, d: int, itemsize: int):
+  """The fused kernel's grid, as AddRmsNormGridFor computes it (C++,
+  ffi/src/kernels/one_shot_ll_add_rms_norm.cu); None where it does not serve.
+
+  Returns (blocks, cluster_blocks, lines_per_block, threads): one cluster of
+  cluster_blocks blocks per row, one 8-byte line (4 16-bit or 2 float32
+  elements) per thread.
+  """
+  if rows < 1 or d < 1 or itemsize not in (2, 4):
+    return None
+  row_bytes = d * itemsize
+  if row_bytes % 8 or rows * row_bytes > FUSED_MAX_BYTES:
+    return None
+  row_lines = row_bytes // 8
+  wanted = -(-row_lines // FUSED_BLOCK_LINES)  # ceil: the one-shot's 64 lines per block
+  cb = FUSED_MAX_CLUSTER_BLOCKS
+  while cb >= 1:
+    if cb == 1 or (cb <= wanted and row_lines % cb == 0):
+      per_block = row_lines // cb
+      if per_block <= LINES_PER_BLOCK and rows * cb <= MAX_BLOCKS:
+        return rows * cb, cb, per_block, -(-per_block // 32) * 32
+    cb //= 2
+  return None
+
+
+def served(shape, dtype, weight_dtype=None) -> bool:
+  """Whether the FFI handler takes x of `shape` and `dtype` (weight of
+  `weight_dtype`, default x's): float32, bfloat16 or float16, rank >= 1, a
+  weight of x's dtype or float32, and the grid rule."""
+  dtype = np.dtype(dtype)
+  weight_dtype = dtype if weight_dtype is None else np.dtype(weight_dtype)
+  if dtype not in DTYPES or weight_dtype not in (dtype, F32) or len(shape) < 1:
+    return False
+  rows = int(np.prod(shape[:-1], dtype=np.int64))
+  return fused_grid(rows, int(shape[-1]), dtype.itemsize) is not None
+
+
+def check(normed, new_residual, want_normed, want_new_residual, max_ulp: int,
+          what: str = "") -> None:
+  """Asserts new_residual bitwise equal and normed within `max_ulp`."""
+  got, want = np.asarray(new_residual), np.asarray(want_new_residual)
+  if not testing.bitwise_equal(got, want):
+    where = np.argwhere(ulp_distance(got, want) != 0)[:5].tolist()
+    raise AssertionError(f"{what} new_residual differs from the reference at {where}")
+  dist = ulp_distance(normed, want_normed)
+  worst = int(dist.max()) if dist.size else 0
+  assert worst <= max_ulp, (
+      f"{what} normed is {worst} ulp from the reference (at most {max_ulp}) at "
+      f"{np.argwhere(dist == worst)[:5].tolist()}")
+
+
+def random_case(rng: np.random.Generator, ranks: int, rows: int, d: int, dtype,
+                weight_dtype=None):
+  """x of every rank (ranks, rows, d), residual (rows, d) and weight (d,):
+  standard normals (the residual and weight like a model's: gain near 1)."""
+  dtype = np.dtype(dtype)
+  weight_dtype = dtype if weight_dtype is None else np.dtype(weight_dtype)
+  x = rng.standard_normal((ranks, rows, d)).astype(np.float32).astype(dtype)
+  residual = rng.standard_normal((rows, d)).astype(np.float32).astype(dtype)
+  weight = (1 + 0.1 * rng.standard_normal((d,))).astype(np.float32).astype(weight_dtype)
+  return x, residual, weight

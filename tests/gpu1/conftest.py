@@ -1,0 +1,59 @@
+"""One-GPU suite setup: the skip reason and the `one_gpu` marker.
+
+These tests need ONE CUDA GPU (the loopback harness simulates every rank of a
+group on it) and run only with ``JAX_LLAR_TEST_GPU=1`` (``tests/conftest.py``
+forces CPU devices otherwise):
+
+    JAX_LLAR_TEST_GPU=1 python -m pytest -q -rs tests/gpu1
+
+Every test here is marked ``one_gpu`` and skipped, with the reason, when the
+suite cannot run. The tests start the tools in child processes, which set
+CUDA_DEVICE_MAX_CONNECTIONS before CUDA starts and may lose their CUDA
+context on purpose (fault mode).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+HERE = pathlib.Path(__file__).parent
+
+# The children need device memory too.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def one_gpu_skip_reason() -> str | None:
+  """Why the one-GPU suite cannot run here, or None."""
+  if os.environ.get("JAX_LLAR_TEST_GPU") != "1":
+    return "one-GPU suite runs only with JAX_LLAR_TEST_GPU=1 (CPU devices are forced otherwise)"
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    n = len(jax.devices("cuda"))
+  except RuntimeError as e:
+    return f"needs a CUDA GPU; JAX has no CUDA backend ({e})"
+  if n < 1:
+    return "needs a CUDA GPU; found none"
+  from jax_llar.tools import _native  # pylint: disable=g-import-not-at-top
+  if _native.load() is None:
+    return f"the native tools module is unavailable: {_native.reason()}"
+  return None
+
+
+SKIP_REASON = one_gpu_skip_reason()
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "one_gpu: needs one CUDA GPU (ranks simulated on it; tests/gpu1)")
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  for item in items:
+    if HERE in pathlib.Path(str(item.path)).parents:
+      item.add_marker(pytest.mark.one_gpu)
+      if SKIP_REASON is not None:
+        item.add_marker(pytest.mark.skip(reason=SKIP_REASON))

@@ -1,0 +1,393 @@
+"""The loopback harness's Python side on CPU (jax_llar.tools.loopback_harness
+and the command line jax_llar.tools.loopback): settings, cases, the special
+inputs, the bitwise check, a run against a numpy stand-in of the native
+harness, the fault verdict and the bounded fault child. The harness itself
+needs a GPU (tests/gpu1/)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from jax_llar import testing
+from jax_llar.tools import loopback_harness as lh
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BF16 = np.dtype(ml_dtypes.bfloat16)
+CODES = {"float32": 0, "bfloat16": 1, "float16": 2, "int32": 3}  # DTYPE_CODES
+UINT = {2: np.uint16, 4: np.uint32}
+
+
+# --- settings and cases -----------------------------------------------------------
+
+
+def test_default_settings_are_valid_and_cover_the_brief():
+  s = lh.Settings()
+  assert lh.validate(s) == []
+  assert s.worlds == (2, 3, 4, 5, 8, 16) and s.calls == 50 and s.sync
+  assert {"float32", "bfloat16", "float16"} <= set(s.dtypes)
+  assert max(s.sizes) == lh.MAX_BYTES == 262144 and lh.MAX_RANKS == 16
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(worlds=(1, 2)), "world sizes"), (dict(worlds=(17,)), "world sizes"),
+    (dict(worlds=()), "world sizes"), (dict(dtypes=("float64",)), "dtypes"),
+    (dict(sizes=(0,)), "sizes"), (dict(sizes=(262152,)), "sizes"),
+    (dict(calls=0), "calls"), (dict(sets=0), "sets"), (dict(block_lines=513), "block_lines"),
+    (dict(timeout_ms=0), "timeout_ms"), (dict(start_epochs=(-1,)), "start epochs"),
+    (dict(start_epochs=(2**64 - 1,)), "start epochs"), (dict(misalign=8), "misalign"),
+    (dict(keep=51), "keep"), (dict(max_output_bytes=0), "max_output_bytes"),
+])
+def test_validate_names_each_bad_setting(change, words):
+  errors = lh.validate(dataclasses.replace(lh.Settings(), **change))
+  assert len(errors) == 1 and words in errors[0], errors
+
+
+def test_cases_order_and_skips():
+  s = lh.Settings(worlds=(2, 16), dtypes=("float32", "bf16"), sizes=(6, 8),
+                  start_epochs=(0, 7))
+  got = lh.cases(s)
+  assert len(got) == 2 * 2 * 2 * 2
+  assert got[0][0] == lh.Case(2, "float32", 6, 0) and got[1][0] == lh.Case(2, "float32", 6, 7)
+  skipped = [(c.dtype, c.n_bytes) for c, why in got if why]
+  assert set(skipped) == {("float32", 6)}  # 6 bytes: 3 bf16 elements, 1.5 float32
+  assert "whole number of float32 elements" in got[0][1]
+  assert lh.Case(3, "bf16", 6).n_elems == 3 and lh.Case(3, "bf16", 6).np_dtype == BF16
+
+
+def test_kept_calls_is_bounded_by_memory():
+  s = lh.Settings(calls=50, max_output_bytes=16 * 262144 * 10)
+  assert lh.kept_calls(s, lh.Case(16, "float32", 262144)) == 10
+  assert lh.kept_calls(s, lh.Case(2, "float32", 4)) == 50
+  assert lh.kept_calls(dataclasses.replace(s, keep=5), lh.Case(2, "float32", 4)) == 5
+  assert lh.kept_calls(dataclasses.replace(s, max_output_bytes=1), lh.Case(2, "f32", 4)) == 1
+
+
+# --- inputs ------------------------------------------------------------------------
+
+
+def _bits(x):
+  x = np.asarray(x)
+  return x.view(UINT[x.dtype.itemsize])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("world", [2, 3, 5, 16])
+def test_special_columns_sum_as_intended(dtype, world):
+  cols = lh.special_columns(world, lh.DTYPES[dtype])
+  assert cols.shape == (17, world) and cols.dtype == lh.DTYPES[dtype]
+  want = testing.rank_order_sum(list(cols.T), cols.dtype)
+  f64 = want.astype(np.float64)
+  assert f64[0] == 0 and np.signbit(f64[0])  # -0.0 + -0.0 stays -0.0
+  assert f64[1] == 0 and not np.signbit(f64[1]) and not np.signbit(f64[2])
+  tiny = float(ml_dtypes.finfo(cols.dtype).smallest_subnormal)
+  assert f64[3] == world * tiny  # subnormals kept, not flushed
+  assert f64[5] >= float(ml_dtypes.finfo(cols.dtype).smallest_normal)
+  assert np.isposinf(f64[6]) and np.isnan(f64[7]) and np.isnan(f64[8])
+  assert np.isposinf(f64[9])  # the sum of maxima overflows
+  if world > 2:
+    assert f64[11] == world - 2  # only a float64 sum keeps the small terms
+  assert f64[12] == 1.0  # a tie rounds to even
+  assert np.isnan(f64[14:]).all()
+  raw = _bits(cols[14:])
+  with np.errstate(invalid="ignore"):  # a signalling NaN
+    nans = np.isnan(cols[14:].astype(np.float64))
+  assert nans.sum() == 3 and len({int(v) for v in raw[nans]}) == 3
+
+
+def test_special_columns_int32_wrap():
+  cols = lh.special_columns(4, np.int32)
+  want = testing.rank_order_sum(list(cols.T), np.int32)
+  i = np.iinfo(np.int32)
+  assert want[0] == np.int32(4 * i.max - 2**32 * 2) and want[2] == -4
+
+
+def test_make_inputs_puts_specials_in_set_one():
+  rng = np.random.default_rng(0)
+  case = lh.Case(3, "float16", 4096)
+  x = lh.make_inputs(rng, case, 4, specials=True)
+  assert x.shape == (4, 3, 2048) and x.dtype == np.float16
+  finite = np.isfinite(x.astype(np.float64))
+  assert finite[[0, 2, 3]].all() and not finite[1].all()
+  cols = lh.special_columns(3, np.float16)
+  assert testing.bitwise_equal(x[1][:, :len(cols)], cols.T)
+  one = lh.make_inputs(rng, lh.Case(2, "float32", 4), 1, specials=True)
+  assert one.shape == (1, 2, 1)
+  assert testing.bitwise_equal(one[0][:, 0], lh.special_columns(2, np.float32)[0])
+
+
+# --- the check ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.float16, np.int32])
+def test_mismatch_mask_agrees_with_bitwise_equal(dtype):
+  rng = np.random.default_rng(3)
+  base = testing.random_array(rng, (64,), dtype)
+  for trial in range(200):
+    a, b = base.copy(), base.copy()
+    if np.dtype(dtype).kind == "f" or np.dtype(dtype) == BF16:
+      u = UINT[np.dtype(dtype).itemsize]
+      nan = 0x7FC00000 if np.dtype(dtype).itemsize == 4 else (
+          0x7FC0 if np.dtype(dtype) == BF16 else 0x7E00)
+      for arr in (a, b):
+        k = rng.integers(0, 64, size=rng.integers(0, 3))
+        arr.view(u)[k] = nan | rng.integers(0, 4, size=len(k))  # NaNs, payloads differ
+    if trial % 3 == 0:
+      b.view(UINT.get(b.dtype.itemsize, np.uint32))[rng.integers(0, 64)] ^= 1
+    mask = lh.mismatch_mask(a, b)
+    assert (not mask.any()) == testing.bitwise_equal(a, b), trial
+    for i in range(64):
+      assert mask[i] == (not testing.bitwise_equal(a[i:i + 1], b[i:i + 1]))
+
+
+def test_signed_zero_is_a_mismatch_and_nan_payload_is_not():
+  got = np.array([0.0, np.nan, 1.0], np.float32)
+  want = np.array([-0.0, np.nan, 1.0], np.float32)
+  want.view(np.uint32)[1] = 0xFFC00001
+  assert lh.mismatch_mask(got, want).tolist() == [True, False, False]
+  with pytest.raises(ValueError):
+    lh.mismatch_mask(got, want.astype(np.float16))
+
+
+def _outputs(refs, calls, world, first=0):
+  sets = refs.shape[0]
+  return np.stack([np.stack([refs[(first + k) % sets]] * world) for k in range(calls)])
+
+
+def test_first_mismatch_finds_the_first_wrong_element():
+  rng = np.random.default_rng(1)
+  case = lh.Case(4, "bfloat16", 200)
+  x = lh.make_inputs(rng, case, 3, specials=True)
+  refs = lh.references(x)
+  assert refs.shape == (3, 100) and refs.dtype == BF16
+  out = _outputs(refs, 7, 4, first=5)
+  assert lh.first_mismatch(out, refs, 5, x) is None
+  bad = out.copy()
+  bad[4, 2, 9] = np.asarray(-1.5, BF16)  # call 9, rank 2
+  bad[6, 0, 1] = np.asarray(7.0, BF16)   # a later call
+  m = lh.first_mismatch(bad, refs, 5, x)
+  assert (m["call"], m["rank"], m["index"]) == (9, 2, 9)
+  assert m["got"] == {"bits": "0xbfc0", "value": "-1.5"}
+  assert m["want"]["bits"] == f"0x{int(_bits(refs[0, 9])):04x}"
+  assert len(m["inputs"]) == 4 and m["wrong_elements"] == 2 and m["wrong_calls"] == 2
+
+
+# --- a run against a numpy stand-in of the native harness ----------------------------
+
+
+class FakeNative:
+  """The native module's loopback API, computed in numpy: every rank gets the
+  reference, unless told to corrupt one element or fail."""
+  DTYPE_CODES = CODES
+
+  def __init__(self, corrupt=None, co_resident=True, cuda_error=None, epoch_mismatch=None):
+    self.corrupt, self.co_resident = corrupt, co_resident
+    self.cuda_error, self.epoch_mismatch = cuda_error, epoch_mismatch
+    self.calls = []
+
+  def loopback_plan(self, world, n_bytes, dtype, calls=1, keep=0, n_sets=1, algorithm=1,
+                    generic=False, block_lines=0, ordinal=0):
+    return {"blocks": 1, "lines_per_block": 1, "threads": 32, "regs_per_thread": 40,
+            "blocks_per_sm": 32, "sms": 132, "co_resident": self.co_resident,
+            "generic_kernel": generic or world not in (2, 4, 8), "device_bytes": 0}
+
+  def loopback(self, raw, dtype, calls, *, sync=True, keep=0, generic=False, block_lines=0,
+               timeout_ms=2000.0, start_epoch=0, misalign=0, ordinal=0, skip_rank=-1,
+               skip_call=0):
+    self.calls.append(dict(sync=sync, keep=keep, start_epoch=start_epoch))
+    np_dtype = lh.DTYPES[{v: k for k, v in CODES.items()}[dtype]]
+    x = raw.view(np_dtype)
+    refs = lh.references(x)
+    world = x.shape[1]
+    keep = keep or calls
+    first = calls - keep
+    out = _outputs(refs, keep, world, first).copy()
+    if self.corrupt is not None:
+      k, r, i = self.corrupt
+      out.view(UINT[np_dtype.itemsize])[k, r, i] ^= 1
+    records = [dict(code=0, rank=0, peer=0, block=0, line=0, flag_expected=0, flag_seen=0,
+                    flag_seen2=0, epoch=0, waited_ns=0) for _ in range(world)]
+    return {"outputs": out.view(np.uint8).reshape(keep, world, -1) if not self.cuda_error
+            else np.zeros((0, world, raw.shape[2]), np.uint8),
+            "first_kept_call": first, "calls_launched": calls, "records": records,
+            "cuda_error": self.cuda_error, "failed_call": 0 if self.cuda_error else -1,
+            "deadline_exceeded": False, "seconds": 0.01, "seconds_to_error": 0.0,
+            "epochs_checked": not self.cuda_error, "epoch_mismatch": self.epoch_mismatch,
+            "max_connections": "32", "plan": {}}
+
+
+@pytest.fixture
+def fake_run(monkeypatch):
+  monkeypatch.setattr(lh.report, "environment", lambda: {"stub": True})
+
+  def run(fake, settings, **kw):
+    monkeypatch.setattr(lh._native, "require", lambda what: fake)
+    return lh.run(settings, **kw)
+
+  return run
+
+
+SMALL = lh.Settings(worlds=(2, 3), dtypes=("float32", "bfloat16", "int32"),
+                    sizes=(6, 100), calls=5, keep=3, start_epochs=(0, 5))
+
+
+def test_run_passes_with_correct_outputs(fake_run, capsys):
+  fake = FakeNative()
+  result = fake_run(fake, SMALL)
+  rows = result["rows"]
+  assert result["level"] == "loopback" and "not NVLink" in result["note"]
+  assert result["settings"]["skip_rank"] == -1 and result["env"] == {"stub": True}
+  assert lh.summary(rows) == {"pass": 16, "skipped": 8}
+  assert {r["kernel"] for r in rows if r["status"] == "pass"} == {"world 2", "generic"}
+  assert all(r["calls_checked"] == 3 for r in rows if r["status"] == "pass")
+  assert {c["start_epoch"] for c in fake.calls} == {0, 5}
+  json.dumps(result)  # a record
+  assert "PASS" in capsys.readouterr().out
+
+
+def test_run_reports_the_first_mismatch(fake_run):
+  s = dataclasses.replace(SMALL, worlds=(3,), dtypes=("float32",), sizes=(100,),
+                          start_epochs=(0,))
+  row = fake_run(FakeNative(corrupt=(1, 2, 7)), s)["rows"][0]
+  assert row["status"] == "fail" and not row["correct"]
+  m = row["first_mismatch"]
+  assert (m["call"], m["rank"], m["index"], m["wrong_elements"]) == (3, 2, 7, 1)
+
+
+def test_run_fails_on_epoch_mismatch_and_skips_what_does_not_fit(fake_run):
+  s = dataclasses.replace(SMALL, worlds=(2,), dtypes=("float32",), sizes=(100,),
+                          start_epochs=(0,))
+  row = fake_run(FakeNative(epoch_mismatch="rank 1 block 0 warp 0: epoch 4"), s)["rows"][0]
+  assert row["status"] == "fail" and row["epoch_mismatch"].startswith("rank 1")
+  row = fake_run(FakeNative(co_resident=False), s)["rows"][0]
+  assert row["status"] == "skipped" and "not co-resident" in row["reason"]
+
+
+def test_a_cuda_error_stops_the_run(fake_run, capsys):
+  result = fake_run(FakeNative(cuda_error="cudaErrorLaunchFailure: unspecified"), SMALL)
+  statuses = [r["status"] for r in result["rows"] if r["status"] != "skipped"]
+  assert statuses[0] == "error" and set(statuses[1:]) == {"not_run"}
+  assert "CUDA context was lost" in result["rows"][-1]["reason"]
+  assert "stopped:" in capsys.readouterr().out
+
+
+# --- fault mode --------------------------------------------------------------------
+
+
+def _fault_spec(**kw):
+  spec = lh.fault_spec(lh.Settings(calls=8, timeout_ms=1000), lh.Case(4, "float32", 4096, 10),
+                       skip_rank=1, skip_call=5)
+  spec.update(kw)
+  return spec
+
+
+def _fault_data(spec, reporters=(0, 2)):
+  epoch = spec["start_epoch"] + spec["skip_call"]
+  records = []
+  for i in range(spec["world"]):
+    r = dict(code=0, rank=0, peer=0, block=0, line=0, flag_expected=0, flag_seen=0,
+             flag_seen2=0, epoch=0, waited_ns=0)
+    if i in reporters:
+      r.update(code=1, rank=i, peer=spec["skip_rank"], block=0, line=3,
+               flag_expected=(epoch & 0xFFFFFFFF) | 1, epoch=epoch, waited_ns=1_000_500_000)
+    records.append(r)
+  return {"calls_launched": spec["skip_call"] + 1, "failed_call": spec["skip_call"],
+          "cuda_error": "cudaErrorLaunchFailure: unspecified launch failure",
+          "deadline_exceeded": False, "seconds_to_error": 1.2, "records": records}
+
+
+def test_fault_verdict_accepts_the_expected_report():
+  spec = _fault_spec()
+  assert spec["skip_rank"] == 1 and spec["start_epoch"] == 10 and spec["world"] == 4
+  assert lh.fault_problems(spec, _fault_data(spec)) == []
+  assert lh.fault_problems(spec, {"skipped": "not co-resident"}) == []
+  assert "cannot run the harness: no GPU" in lh.fault_problems(spec, {"unavailable": "no GPU"})[0]
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda d: d.update(cuda_error=None), "no CUDA error"),
+    (lambda d: d.update(deadline_exceeded=True), "hang"),
+    (lambda d: d.update(failed_call=4), "call 4"),
+    (lambda d: d["records"][0].update(peer=3), "peer 3"),
+    (lambda d: d["records"][2].update(rank=0), "names rank 0"),
+    (lambda d: d["records"][0].update(epoch=14), "epoch 14"),
+    (lambda d: d["records"][0].update(flag_expected=3), "expected flag"),
+    (lambda d: d["records"][0].update(waited_ns=5), "less than the timeout"),
+    (lambda d: d["records"][1].update(code=1, rank=1, peer=1), "skipped rank reported"),
+    (lambda d: [r.update(code=0) for r in d["records"]], "no rank reported"),
+    (lambda d: d.update(seconds_to_error=9.0), "more than the timeout"),
+])
+def test_fault_verdict_names_each_problem(change, words):
+  spec = _fault_spec()
+  data = _fault_data(spec)
+  change(data)
+  problems = lh.fault_problems(spec, data)
+  assert any(words in p for p in problems), problems
+  assert lh.fault_problems(spec, None) == ["the child printed no result"]
+
+
+def test_fault_child_is_bounded_and_read(tmp_path, monkeypatch):
+  (tmp_path / "hang_child.py").write_text("import time\ntime.sleep(60)\n")
+  (tmp_path / "ok_child.py").write_text(textwrap.dedent("""\
+      import json, sys
+      spec = json.loads(sys.argv[1])
+      print("noise")
+      print(json.dumps({"world": spec["world"], "connections": __import__("os").environ[
+          "CUDA_DEVICE_MAX_CONNECTIONS"]}))
+      """))
+  env = dict(os.environ, PYTHONPATH=str(tmp_path))
+  env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+  monkeypatch.setattr(lh, "CHILD_START_S", 1)
+  monkeypatch.setattr(lh, "CHILD", "hang_child")
+  got = lh.run_fault_child(_fault_spec(timeout_ms=1), env=env)
+  assert got["hung"] and got["data"] is None
+  monkeypatch.setattr(lh, "CHILD_START_S", 60)
+  monkeypatch.setattr(lh, "CHILD", "ok_child")
+  got = lh.run_fault_child(_fault_spec(), env=env)
+  assert not got["hung"] and got["rc"] == 0
+  assert got["data"] == {"world": 4, "connections": lh.MAX_CONNECTIONS}
+
+
+# --- the command line ----------------------------------------------------------------
+
+
+def _cli(*args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, "-m", "jax_llar.tools.loopback", *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_cli_without_gpu_says_what_it_needs():
+  p = _cli("--worlds=2", "--sizes=8", "--dtypes=float32")
+  assert p.returncode == 1, p.stderr[-2000:]
+  assert "needs one CUDA GPU and the CUDA extension" in p.stdout
+  assert "Traceback" not in p.stdout + p.stderr
+
+
+def test_cli_rejects_bad_arguments_before_any_device():
+  p = _cli("--worlds=1,17", "--sizes=0", "--dtypes=float64", "--start_epochs=x")
+  assert p.returncode == 1 and "--start_epochs must be integers" in p.stdout, p.stdout
+  p = _cli("--worlds=1,17", "--sizes=0,8", "--dtypes=float64")
+  assert p.returncode == 1
+  for words in ("world sizes must be 2-16", "dtypes must be among", "sizes must be 1-262144"):
+    assert words in p.stdout, p.stdout
+  p = _cli("--skip_rank=1", "--skip_call=9", "--calls=5")
+  assert p.returncode == 1 and "--skip_call must be below --calls" in p.stdout
+
+
+def test_importing_the_tools_loads_no_native_module():
+  code = ("import sys; import jax_llar.tools.loopback_harness, jax_llar.tools.loopback; "
+          "print(sorted(m for m in sys.modules if m.endswith('_llar_tools') or "
+          "m == 'jax_llar._llar'))")
+  p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                     timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert p.returncode == 0 and p.stdout.strip() == "[]", p.stderr[-2000:]
