@@ -324,7 +324,7 @@ def test_fault_verdict_accepts_the_expected_report():
     (lambda d: d["records"][0].update(waited_ns=5), "less than the timeout"),
     (lambda d: d["records"][1].update(code=1, rank=1, peer=1), "skipped rank reported"),
     (lambda d: [r.update(code=0) for r in d["records"]], "no rank reported"),
-    (lambda d: d.update(seconds_to_error=9.0), "more than the timeout"),
+    (lambda d: d.update(seconds_to_error=30.0), "more than the timeout"),
 ])
 def test_fault_verdict_names_each_problem(change, words):
   spec = _fault_spec()

@@ -205,6 +205,11 @@ FusedLoopbackResult RunFusedLoopback(const FusedLoopbackSpec& s, const std::vect
   DeviceGuard guard;
   CheckCuda(cudaSetDevice(s.ordinal), "cudaSetDevice");
   CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before the set-up)");
+  // Load every kernel first, as registry.cc does: a lazily loaded module can
+  // wait for the kernels already running, and a rank's kernel spins until its
+  // peers' kernels run, so a first launch inside the loop can deadlock.
+  CheckCuda(PreloadOneShotLL(), "loading the one-shot kernels");
+  CheckCuda(PreloadOneShotLLAddRmsNorm(), "loading the fused kernels");
   Resources rs(W);
 
   // Set-up: what CreateGroup (registry.cc) gives each rank, on one device.

@@ -56,6 +56,8 @@ NOTE = ("loopback harness: all ranks simulated on one GPU; tests the protocol "
 # Hardware queues asked of CUDA (read when the context is created), so that
 # every rank's stream has its own.
 MAX_CONNECTIONS = "32"
+# Seconds a fault may take beyond the kernel timeout until the host sees the error.
+FAULT_SLACK_S = 8.0
 # Seconds a fault child may take beyond twice its kernel timeout: starting
 # JAX and CUDA, building the inputs.
 CHILD_START_S = 180
@@ -469,10 +471,11 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
       problems.append(f"{where}: waited {r.get('waited_ns')} ns, less than the timeout")
   took = data.get("seconds_to_error")
   # The bound: the kernel timeout, the trap's wait for the published report
-  # (at most one second, wait.cuh) and two seconds of slack.
-  if took is not None and data.get("cuda_error") and took > timeout_s + 3.0:
+  # (at most one second, wait.cuh), the driver's handling of the trap until
+  # the host sees the error (benchmarks/NOTES.md, entry 27) and slack.
+  if took is not None and data.get("cuda_error") and took > timeout_s + FAULT_SLACK_S:
     problems.append(f"the error came {took:.2f} s after the last launch, more than "
-                    f"the timeout + 3")
+                    f"the timeout + {FAULT_SLACK_S:g} s")
   return problems
 
 
