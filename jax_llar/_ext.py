@@ -126,13 +126,17 @@ def _load_locked() -> None:
 
 def constants_mismatch(mod: Any) -> str | None:
   """Why the extension module `mod` disagrees with ``jax_llar.algorithms``
-  (its ``ALGORITHMS``, ``MAX_BYTES`` or ``MAX_RANKS``), or None when the
+  (its ``ALGORITHMS``, ``MAX_BYTES``, ``MAX_RANKS`` or the fused kernel's
+  ``FUSED_*`` grid constants), or None when the
   ids and limits agree. Python picks the algorithm id and size class that
   the kernels then trust, so a disagreement must keep the fast path off."""
   want = {
       "ALGORITHMS": {a.short_name: int(a) for a in algorithms.Algorithm},
       "MAX_BYTES": {a.short_name: n for a, n in algorithms.MAX_BYTES.items()},
       "MAX_RANKS": algorithms.MAX_RANKS,
+      "FUSED_MAX_BYTES": algorithms.FUSED_MAX_BYTES,
+      "FUSED_BLOCK_LINES": algorithms.FUSED_BLOCK_LINES,
+      "FUSED_MAX_CLUSTER_BLOCKS": algorithms.FUSED_MAX_CLUSTER_BLOCKS,
   }
   for name, value in want.items():
     got = getattr(mod, name, None)

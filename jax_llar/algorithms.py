@@ -83,3 +83,66 @@ LARGEST_MAX_BYTES = max(MAX_BYTES.values())
 SUPPORTED_DTYPES: tuple[np.dtype, ...] = (
     np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16),
     np.dtype(np.int32))
+
+
+# --- the fused all-reduce + residual add + RMSNorm --------------------------------
+# (jax_llar.psum_add_rms_norm; ffi/src/kernels/one_shot_ll_add_rms_norm.cuh).
+# The constants equal the extension's FUSED_* (checked when it loads).
+
+FUSED_TARGET = "jax_llar_all_reduce_add_rms_norm"
+# Largest payload per rank (x's bytes): the one-shot's.
+FUSED_MAX_BYTES = 64 * 512 * 8
+# Lines per block the grid rule aims at, and the largest (portable) cluster.
+FUSED_BLOCK_LINES = 64
+FUSED_MAX_CLUSTER_BLOCKS = 8
+# Element types of x; the weight has x's dtype or float32.
+FUSED_DTYPES: tuple[np.dtype, ...] = (
+    np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))
+
+
+def add_rms_norm_grid(rows: int, d: int, itemsize: int):
+  """The fused kernel's grid for `rows` rows of `d` elements of `itemsize`
+  bytes, as the kernel's launcher computes it (AddRmsNormGridFor), or None
+  where the kernel does not serve the shape.
+
+  Each row is held by one thread block cluster of cluster_blocks blocks, one
+  8-byte line per thread: the largest cluster (1, 2, 4 or 8) that divides the
+  row's lines, needs no more of them than the one-shot's 64 lines per block
+  ask for, and keeps lines per block <= 512 and blocks <= 64.
+
+  Returns:
+    (blocks, cluster_blocks, lines_per_block, threads), or None.
+  """
+  if rows < 1 or d < 1 or itemsize not in (2, 4):
+    return None
+  row_bytes = d * itemsize
+  if row_bytes % 8 or rows * row_bytes > FUSED_MAX_BYTES:
+    return None
+  row_lines = row_bytes // 8
+  wanted = -(-row_lines // FUSED_BLOCK_LINES)
+  cb = FUSED_MAX_CLUSTER_BLOCKS
+  while cb >= 1:
+    if cb == 1 or (cb <= wanted and row_lines % cb == 0):
+      per_block = row_lines // cb
+      if per_block <= 512 and rows * cb <= 64:
+        return rows * cb, cb, per_block, -(-per_block // 32) * 32
+    cb //= 2
+  return None
+
+
+def add_rms_norm_refusal(shape, dtype, weight_dtype) -> str | None:
+  """Why the fused kernel does not serve x of `shape` and `dtype` with a
+  weight of `weight_dtype`, or None when it does."""
+  dtype, weight_dtype = np.dtype(dtype), np.dtype(weight_dtype)
+  if dtype not in FUSED_DTYPES:
+    return f"the fused kernel takes float32, bfloat16 or float16, not {dtype}"
+  if weight_dtype not in (dtype, np.dtype(np.float32)):
+    return f"the fused kernel takes a weight of {dtype} or float32, not {weight_dtype}"
+  if len(shape) < 1:
+    return "the fused kernel needs at least one dimension"
+  rows = int(np.prod(shape[:-1], dtype=np.int64))
+  if add_rms_norm_grid(rows, int(shape[-1]), dtype.itemsize) is None:
+    return (f"no grid of the fused kernel for {rows} rows of {shape[-1]} "
+            f"{dtype} elements (rows of a multiple of 8 bytes, at most "
+            f"{FUSED_MAX_BYTES} bytes in all)")
+  return None

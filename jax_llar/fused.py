@@ -10,11 +10,14 @@ unfused code), batching (a leading batch dimension is handed to the
 primitive; a vmapped axis that the all-reduce names runs the reference
 under ``vmap``) and every lowering but the fast one are the reference's.
 
-The fused kernel (one launch doing all three steps, as TensorRT-LLM, vLLM
-and FlashInfer fuse them) is not written yet: today every lowering of the op
-is the reference's, whose psum takes jax_llar's one-shot path where that
-serves it. The op exists first so that models can be written against it and
-its semantics (the reference, the ulp rule) are tested before the kernel.
+On CUDA the lowering asks ``jax_llar.lowering.decide`` (with the fused
+kernel's own shape rule, ``algorithms.add_rms_norm_refusal``, and its need
+for thread block clusters) and emits the fused kernel's FFI call, one launch
+doing all three steps as TensorRT-LLM, vLLM and FlashInfer fuse them
+(ffi/src/kernels/one_shot_ll_add_rms_norm.cuh). Everywhere else, and where
+the decision refuses, the op lowers to the reference, whose psum takes
+jax_llar's one-shot path where that serves it. The decision is recorded
+with ``op="psum_add_rms_norm"``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ from jax._src import api_util, core
 from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 import jax.extend.linear_util as lu
+import numpy as np
+from jax._src.lib.mlir import ir
 
+from jax_llar import algorithms, log, lowering
 from jax_llar import psum as psum_lib
 
 
@@ -56,8 +62,11 @@ def psum_add_rms_norm(x: Any, residual: Any, weight: Any, axis_name, *,
   and the next block's RMSNorm is applied to the result. Same results as
   `reference` (the unfused code): ``new_residual`` bitwise, ``normed``
   within one unit in the last place of x's dtype (the fused kernel sums the
-  squares in another order than XLA's reduction; until the kernel exists the
-  op is the reference, bitwise).
+  squares in another order than XLA's reduction; float32 within 4 ulp, as
+  the kernel also rounds new_residual before normalising where XLA may keep
+  float32; the one-GPU loopback measured at most 1 ulp for bf16 and f16 and
+  4 for float32, benchmarks/NOTES.md entry 27). Where the fused kernel does
+  not serve the op it is the reference, bitwise.
 
   Args:
     x: the rank's partial sum, shape (..., d), float32, bfloat16 or float16,
@@ -155,4 +164,30 @@ def lower_reference(ctx, x, residual, weight, *, axes, eps):
   return mlir.lower_fun(_ref(axes, eps), multiple_results=True)(ctx, x, residual, weight)
 
 
+def _lower_cuda(ctx, x, residual, weight, *, axes, eps):
+  """CUDA: the fused kernel where `decide` allows it, else the reference."""
+  x_aval, _, w_aval = ctx.avals_in
+  refusal = algorithms.add_rms_norm_refusal(x_aval.shape, x_aval.dtype, w_aval.dtype)
+  for_export = bool(getattr(ctx.module_context.lowering_parameters, "for_export",
+                            False))
+  decision = lowering.decide(ctx.module_context.axis_context, x_aval, axes,
+                             platform="cuda", source="psum", for_export=for_export,
+                             op="psum_add_rms_norm", shape_refusal=refusal)
+  if not decision.fast:
+    return lower_reference(ctx, x, residual, weight, axes=axes, eps=eps)
+  return _fused_call(ctx, x, residual, weight, decision, eps)
+
+
+def _fused_call(ctx, x, residual, weight, decision: log.Decision, eps: float):
+  name = lowering.op_name(decision).replace("jax_llar.one_shot_ll.",
+                                            "jax_llar.one_shot_ll_add_rms_norm.")
+  loc = mlir.source_info_to_location(ctx.module_context, None,
+                                     ctx.name_stack.extend(name), ctx.traceback)
+  with ir.Location.name("jax_llar.one_shot_ll_add_rms_norm:", childLoc=loc):
+    return jax.ffi.ffi_lowering(algorithms.FUSED_TARGET)(
+        ctx, x, residual, weight, comm_id=np.int64(decision.comm_id),
+        comm_key=np.int64(decision.comm_key), eps=np.float32(eps))
+
+
 mlir.register_lowering(psum_add_rms_norm_p, lower_reference)
+mlir.register_lowering(psum_add_rms_norm_p, _lower_cuda, platform="cuda")

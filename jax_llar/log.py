@@ -51,9 +51,11 @@ class Decision:
       environment let it run; None when a payload reason refused it.
     comm_id: communicator-set id of the fast path, else 0.
     comm_key: fingerprint of that set's device groups, else 0.
-    source: who requested the fast path: ``"psum"`` (``jax_llar.psum``),
-      ``"swap"`` (``jax_llar.swap_psum``) or ``"install"`` (the
-      process-wide swap).
+    source: who requested the fast path: ``"psum"`` (``jax_llar.psum``
+      and ``jax_llar.psum_add_rms_norm``), ``"swap"``
+      (``jax_llar.swap_psum``) or ``"install"`` (the process-wide swap).
+    op: ``"psum"``, or ``"psum_add_rms_norm"`` for the fused op (its
+      fast path is the fused kernel, its fallback the unfused code).
   """
   reason: str
   detail: str
@@ -66,6 +68,7 @@ class Decision:
   comm_id: int = 0
   comm_key: int = 0
   source: str = "psum"
+  op: str = "psum"
 
   @property
   def fast(self) -> bool:
@@ -74,8 +77,12 @@ class Decision:
 
   @property
   def impl(self) -> str:
-    """``"llar.<algorithm>"`` on the fast path, else ``"lax.psum"``."""
-    return self.algorithm.impl if self.algorithm is not None else "lax.psum"
+    """``"llar.<algorithm>"`` on the fast path (with ``+add_rms_norm`` for
+    the fused kernel), else ``"lax.psum"`` (for the fused op: its unfused
+    code, ``"reference"``)."""
+    if self.algorithm is None:
+      return "reference" if self.op != "psum" else "lax.psum"
+    return self.algorithm.impl + ("+add_rms_norm" if self.op != "psum" else "")
 
   def to_dict(self) -> dict[str, Any]:
     """JSON-ready dict: every field (algorithms by short name, axes as a

@@ -127,6 +127,20 @@ def _refused_by_environment(groups, platform: str,
   return None
 
 
+def _refused_for_clusters(groups) -> tuple[str, str] | None:
+  """The fused kernel's thread block clusters need compute capability 9.0."""
+  for d in (d for g in groups for d in g):
+    cc = str(getattr(d, "compute_capability", "0"))
+    try:
+      major = int(cc.split(".")[0])
+    except ValueError:
+      major = 0
+    if major < 9:
+      return ("platform", f"the fused kernel needs compute capability 9.0 or "
+              f"later (thread block clusters); {d} has {cc}")
+  return None
+
+
 def _on_nvlink_gpus(candidate) -> str:
   return (f"; on CUDA GPUs that are NVLink peers, driven by one process, this "
           f"psum would run {candidate.short_name}")
@@ -134,7 +148,8 @@ def _on_nvlink_gpus(candidate) -> str:
 
 def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
            source: str = "psum", axis_index_groups=None,
-           for_export: bool = False) -> log.Decision:
+           for_export: bool = False, op: str = "psum",
+           shape_refusal: str | None = None) -> log.Decision:
   """Decides how to lower a psum of `aval` over `axes` for `platform`.
 
   Args:
@@ -151,6 +166,12 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
       that say the environment is broken are.
     axis_index_groups: the psum's index groups (such psums are JAX's).
     for_export: the lowering is for ``jax.export``.
+    op: ``"psum"``, or ``"psum_add_rms_norm"`` for the fused op, whose
+      kernel also needs thread block clusters (compute capability 9.0 or
+      later, checked with the platform).
+    shape_refusal: for the fused op, why its kernel does not serve the
+      shapes and dtypes (``algorithms.add_rms_norm_refusal``), or None;
+      checked right after the policy (reason "shape").
 
   Returns:
     The recorded Decision. A refusal has been logged once per (reason,
@@ -178,7 +199,7 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
       info = reason in _INFO_REASONS or (reason == "world_size" and world < 2)
     return log.record(log.Decision(
         reason=reason, detail=detail, axes=axes, dtype=str(dtype),
-        bytes_per_rank=nbytes, world_size=world, source=source, **kw),
+        bytes_per_rank=nbytes, world_size=world, source=source, op=op, **kw),
         level=logging.INFO if info else logging.WARNING)
 
   if axis_index_groups is not None:
@@ -190,8 +211,12 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
                          force=settings.forced())
   if choice.algorithm is None:
     return record(choice.reason, choice.detail)
+  if shape_refusal is not None:
+    return record("shape", shape_refusal)
   candidate = choice.algorithm
   refusal = _refused_by_environment(groups, platform, for_export)
+  if refusal is None and op != "psum":
+    refusal = _refused_for_clusters(groups)
   if refusal is None:
     try:
       cs = comm.get_or_create([[d.local_hardware_id for d in g] for g in groups])

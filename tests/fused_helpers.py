@@ -16,7 +16,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from jax_llar import testing
+from jax_llar import algorithms, testing
 from jax_llar.tools.loopback_fused import emulate, ulp_distance  # noqa: F401 (re-exported)
 from jax_llar.tools import loopback_fused
 
@@ -28,11 +28,11 @@ F32 = np.dtype(np.float32)
 DTYPES = (F32, BF16, F16)
 
 # The largest payload per rank (x's bytes), the one-shot's: 64 * 512 * 8.
-FUSED_MAX_BYTES = 256 * 1024
+FUSED_MAX_BYTES = algorithms.FUSED_MAX_BYTES
 # Grid constants (kernels/kernels.h, args.h): lines per block the rule aims
 # at, the largest (portable) cluster, lines per block and blocks at most.
-FUSED_BLOCK_LINES = 64
-FUSED_MAX_CLUSTER_BLOCKS = 8
+FUSED_BLOCK_LINES = algorithms.FUSED_BLOCK_LINES
+FUSED_MAX_CLUSTER_BLOCKS = algorithms.FUSED_MAX_CLUSTER_BLOCKS
 LINES_PER_BLOCK = 512
 MAX_BLOCKS = 64
 
@@ -46,29 +46,8 @@ NORMED_MAX_ULP = {F32: 4, BF16: 1, F16: 1}
 NORMED_MAX_ULP_EMULATION = loopback_fused.NORMED_MAX_ULP
 
 
-def fused_grid(rows: int, d: int, itemsize: int):
-  """The fused kernel's grid, as AddRmsNormGridFor computes it (C++,
-  ffi/src/kernels/one_shot_ll_add_rms_norm.cu); None where it does not serve.
-
-  Returns (blocks, cluster_blocks, lines_per_block, threads): one cluster of
-  cluster_blocks blocks per row, one 8-byte line (4 16-bit or 2 float32
-  elements) per thread.
-  """
-  if rows < 1 or d < 1 or itemsize not in (2, 4):
-    return None
-  row_bytes = d * itemsize
-  if row_bytes % 8 or rows * row_bytes > FUSED_MAX_BYTES:
-    return None
-  row_lines = row_bytes // 8
-  wanted = -(-row_lines // FUSED_BLOCK_LINES)  # ceil: the one-shot's 64 lines per block
-  cb = FUSED_MAX_CLUSTER_BLOCKS
-  while cb >= 1:
-    if cb == 1 or (cb <= wanted and row_lines % cb == 0):
-      per_block = row_lines // cb
-      if per_block <= LINES_PER_BLOCK and rows * cb <= MAX_BLOCKS:
-        return rows * cb, cb, per_block, -(-per_block // 32) * 32
-    cb //= 2
-  return None
+# The grid rule is the library's (it decides at lowering time).
+fused_grid = algorithms.add_rms_norm_grid
 
 
 def served(shape, dtype, weight_dtype=None) -> bool:

@@ -158,6 +158,9 @@ class _Ext:
   ALGORITHMS = {"one_shot_ll": 1}
   MAX_BYTES = {"one_shot_ll": 262144}
   MAX_RANKS = 16
+  FUSED_MAX_BYTES = 262144
+  FUSED_BLOCK_LINES = 64
+  FUSED_MAX_CLUSTER_BLOCKS = 8
 
   def __init__(self, nccl=22809):
     self.nccl = nccl
@@ -177,7 +180,8 @@ def test_constants_match_algorithms():
   for name, bad in [("ALGORITHMS", {"one_shot_ll": 2}),
                     ("ALGORITHMS", {"one_shot_ll": 1, "two_shot": 2}),
                     ("MAX_BYTES", {"one_shot_ll": 131072}),
-                    ("MAX_RANKS", 8), ("MAX_RANKS", None)]:
+                    ("MAX_RANKS", 8), ("MAX_RANKS", None),
+                    ("FUSED_BLOCK_LINES", 128), ("FUSED_MAX_CLUSTER_BLOCKS", None)]:
     ext = _Ext()
     setattr(ext, name, bad)
     message = _ext.constants_mismatch(ext)

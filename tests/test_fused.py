@@ -3,6 +3,8 @@ reference (the unfused code) bitwise, and so are its gradients and batching."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -12,7 +14,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_llar
-from jax_llar import fused
+from jax_llar import fused, lowering
 
 from cpu_helpers import assert_bitwise, mesh_of
 
@@ -120,3 +122,53 @@ def test_jaxpr_holds_one_op_with_the_reference_types():
                     mesh=mesh, in_specs=(P("x"), P(), P()), out_specs=(P(), P()))
   text = str(jax.make_jaxpr(f)(jax.device_put(x, NamedSharding(mesh, P("x"))), r, w))
   assert text.count("llar_psum_add_rms_norm") == 1 and "psum_invariant" not in text
+
+
+def _cuda_text(mesh, x, r, w, debug_info=False):
+  f = jax.jit(jax.shard_map(
+      lambda x, r, w: jax_llar.psum_add_rms_norm(x[0], r, w, "x", eps=1e-5),
+      mesh=mesh, in_specs=(P("x"), P(), P()), out_specs=(P(), P())))
+  xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+  return f.trace(xs, r, w).lower(lowering_platforms=("cuda",)).as_text(
+      debug_info=debug_info)
+
+
+def test_cuda_lowering_decides_the_fused_op():
+  """Lowered for CUDA on CPU devices: one decision for the fused op (the
+  policy's candidate, refused by the platform) and one for the reference's
+  psum; the served shapes and the refused ones give their reasons."""
+  mesh = mesh_of((2,), ("x",))
+  x, r, w = _data(np.random.default_rng(4), 2, 2, 2048, BF16)
+  text = _cuda_text(mesh, x, r, w)
+  assert "jax_llar_all_reduce_add_rms_norm" not in text
+  fused_d = [d for d in jax_llar.dispatch_log() if d.op == "psum_add_rms_norm"]
+  assert [(d.reason, d.candidate, d.impl, d.bytes_per_rank) for d in fused_d] == [
+      ("platform", jax_llar.Algorithm.ONE_SHOT_LL, "reference", 2 * 2048 * 2)]
+  jax_llar.clear_dispatch_log()
+  x, r, w = _data(np.random.default_rng(5), 2, 1, 6, BF16)  # 12-byte rows
+  _cuda_text(mesh, x, r, w)
+  (d,) = [d for d in jax_llar.dispatch_log() if d.op == "psum_add_rms_norm"]
+  assert d.reason == "shape" and "multiple of 8 bytes" in d.detail
+
+
+def test_cuda_lowering_emits_the_fused_call(monkeypatch):
+  mesh = mesh_of((2,), ("x",))
+  x, r, w = _data(np.random.default_rng(6), 2, 1, 2048, BF16)
+  seen = []
+
+  def fast(axis_ctx, aval, axes, *, platform, op="psum", shape_refusal=None, **kw):
+    seen.append((op, aval.shape, shape_refusal))
+    del axis_ctx, kw
+    return jax_llar.Decision(
+        reason="fast_path", detail="", axes=tuple(axes), dtype=str(aval.dtype),
+        bytes_per_rank=4096, world_size=2, algorithm=jax_llar.Algorithm.ONE_SHOT_LL,
+        candidate=jax_llar.Algorithm.ONE_SHOT_LL, comm_id=4, comm_key=77, op=op)
+
+  monkeypatch.setattr(lowering, "decide", fast)
+  text = _cuda_text(mesh, x, r, w, debug_info=True)
+  assert seen == [("psum_add_rms_norm", (1, 2048), None)]
+  assert text.count("custom_call @jax_llar_all_reduce_add_rms_norm") == 1
+  assert "all_reduce\"" not in text and "custom_call @jax_llar_all_reduce(" not in text
+  assert "comm_id = 4 : i64" in text and "comm_key = 77 : i64" in text
+  assert re.search(r"eps = 9\.9+\d*E-6 : f32", text), text
+  assert "jax_llar.one_shot_ll_add_rms_norm.bf16.4096B.2ranks" in text

@@ -142,7 +142,7 @@ def test_decision_to_dict_is_json_ready():
       "reason": "fast_path", "detail": "one_shot_ll over 2 ranks",
       "axes": ["x"], "dtype": "float32", "bytes_per_rank": 64,
       "world_size": 2, "algorithm": "one_shot_ll", "candidate": "one_shot_ll",
-      "comm_id": 3, "comm_key": 99, "source": "psum",
+      "comm_id": 3, "comm_key": 99, "source": "psum", "op": "psum",
       "impl": "llar.one_shot_ll", "fast": True}
   assert repr(d).startswith("Decision(impl='llar.one_shot_ll', reason=")
   with pytest.raises(TypeError):  # facts are keyword-only and required

@@ -154,3 +154,19 @@ def test_unserved_shape_is_an_error(mesh):
   with pytest.raises(Exception, match="not served by the fused kernel"):
     _per_rank(mesh, ("fused_unserved", cs.comm_id), _fused(cs), x,
               np.ones((32, 4096), np.float32), np.ones((4096,), np.float32))
+
+
+@pytest.mark.parametrize("dtype", fh.DTYPES, ids=str)
+def test_public_op_takes_the_fused_kernel(mesh, dtype):
+  """jax_llar.psum_add_rms_norm lowers to the fused kernel (its decision is
+  fast, op "psum_add_rms_norm") and meets the reference's rule."""
+  rng = np.random.default_rng(11)
+  x, residual, weight = fh.random_case(rng, mesh.size, 2, 2048, dtype, dtype)
+  jax_llar.clear_dispatch_log()
+  got = _per_rank(mesh, ("public", str(dtype)),
+                  lambda x, r, w: jax_llar.psum_add_rms_norm(x, r, w, "x", eps=EPS),
+                  x, residual, weight)
+  decisions = [d for d in jax_llar.dispatch_log() if d.op == "psum_add_rms_norm"]
+  assert decisions and all(d.fast for d in decisions), decisions
+  want = _per_rank(mesh, ("reference",), _reference(), x, residual, weight)
+  _check_ranks(got, want, dtype, f"public op {dtype}")
