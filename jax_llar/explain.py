@@ -20,9 +20,11 @@ import jax
 from jax_llar import swap
 
 # Primitives that all-reduce a sum: JAX's psum and its invariant and
-# asynchronous forms (jax_llar.psum binds JAX's).
+# asynchronous forms (jax_llar.psum binds JAX's), and jax_llar's fused
+# all-reduce + residual add + RMSNorm.
 PSUM_PRIMITIVES = frozenset({
     "psum", "psum2", "psum_invariant", "psum_invariant_start", "unreduced_psum",
+    "llar_psum_add_rms_norm",
 })
 
 # A loop whose trip executes at least this many psums (a scan unrolled this

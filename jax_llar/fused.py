@@ -47,10 +47,14 @@ def reference(x, residual, weight, axis_name, eps: float):
   computed in float32 and rounded once to x's dtype.
   """
   new_residual = psum_lib.psum(x, axis_name) + residual
+  return _norm(new_residual, weight, eps), new_residual
+
+
+def _norm(new_residual, weight, eps: float):
+  """The RMSNorm half of `reference`."""
   h = new_residual.astype(jnp.float32)
   inv = lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + jnp.float32(eps))
-  normed = (h * inv * weight.astype(jnp.float32)).astype(x.dtype)
-  return normed, new_residual
+  return (h * inv * weight.astype(jnp.float32)).astype(new_residual.dtype)
 
 
 def psum_add_rms_norm(x: Any, residual: Any, weight: Any, axis_name, *,
@@ -74,10 +78,15 @@ def psum_add_rms_norm(x: Any, residual: Any, weight: Any, axis_name, *,
     residual: the residual stream, the shape and dtype of `x`.
     weight: the RMSNorm gain, shape (d,), any float dtype (used in float32).
     axis_name: mesh axis name (or tuple of names) of the all-reduce.
-    eps: added to the mean square before the reciprocal square root.
+    eps: added to the mean square before the reciprocal square root; a
+      Python number (static: it is part of the compiled call).
 
   Returns:
     (normed, new_residual), both with x's shape and dtype.
+
+  Not yet like the unfused code: ``checkify`` does not look inside the op
+  (it reports no NaN the op produces), and a psum of a pytree is one op per
+  leaf.
 
   Raises:
     ValueError: shapes or dtypes that do not match (before any lowering).
@@ -95,9 +104,12 @@ def psum_add_rms_norm(x: Any, residual: Any, weight: Any, axis_name, *,
     raise ValueError(f"psum_add_rms_norm: x {x.dtype}{list(x.shape)} and residual "
                      f"{residual.dtype}{list(residual.shape)} must have one shape "
                      "and dtype")
-  if x.ndim < 1 or weight.shape != x.shape[-1:]:
-    raise ValueError(f"psum_add_rms_norm: weight must have shape ({x.shape[-1:]}) "
-                     f"(the last dimension of x), got {list(weight.shape)}")
+  if x.ndim < 1:
+    raise ValueError("psum_add_rms_norm: x needs at least one dimension (the "
+                     "normalised one)")
+  if weight.shape != x.shape[-1:]:
+    raise ValueError(f"psum_add_rms_norm: weight must have shape {x.shape[-1:]} "
+                     f"(the last dimension of x), got {weight.shape}")
   if not jnp.issubdtype(x.dtype, jnp.floating) or not jnp.issubdtype(
       weight.dtype, jnp.floating):
     raise ValueError(f"psum_add_rms_norm: float dtypes only, got x {x.dtype} "
@@ -132,10 +144,17 @@ def _impl(x, residual, weight, *, axes, eps):
 
 
 def _jvp(primals, tangents, *, axes, eps):
-  out = psum_add_rms_norm_p.bind(*primals, axes=axes, eps=eps)
-  tangents = [ad.instantiate_zeros(t) for t in tangents]
-  _, tangent_out = jax.jvp(_ref(axes, eps), tuple(primals), tuple(tangents))
-  return out, list(tangent_out)
+  # The reference's tangents, taken at the op's own outputs: one all-reduce
+  # of the tangent of x (psum is linear), then the norm's JVP at new_residual;
+  # the primal all-reduce is not done a second time.
+  x, _, weight = primals
+  normed, new_residual = psum_add_rms_norm_p.bind(*primals, axes=axes, eps=eps)
+  dx, dr, dw = [ad.instantiate_zeros(t) for t in tangents]
+  d_new_residual = psum_lib.psum(dx, axes) + dr
+  _, d_normed = jax.jvp(lambda nr, w: _norm(nr, w, eps), (new_residual, weight),
+                        (d_new_residual, dw))
+  del x
+  return [normed, new_residual], [d_normed, d_new_residual]
 
 
 def _batch(axis_data, vals, dims, *, axes, eps):
@@ -167,7 +186,9 @@ def lower_reference(ctx, x, residual, weight, *, axes, eps):
 def _lower_cuda(ctx, x, residual, weight, *, axes, eps):
   """CUDA: the fused kernel where `decide` allows it, else the reference."""
   x_aval, _, w_aval = ctx.avals_in
-  refusal = algorithms.add_rms_norm_refusal(x_aval.shape, x_aval.dtype, w_aval.dtype)
+  refusal = None
+  if core.is_constant_shape(x_aval.shape):  # else decide() refuses it first
+    refusal = algorithms.add_rms_norm_refusal(x_aval.shape, x_aval.dtype, w_aval.dtype)
   for_export = bool(getattr(ctx.module_context.lowering_parameters, "for_export",
                             False))
   decision = lowering.decide(ctx.module_context.axis_context, x_aval, axes,

@@ -38,7 +38,10 @@ class Decision:
       (``jax_llar.lowering``, checked after them): ``"disabled"``,
       ``"export"``, ``"xla_flags"``, ``"platform"``, ``"multiprocess"``,
       ``"extension"``, ``"communicator"``; psums that only JAX lowers,
-      checked first: ``"axis_index_groups"``, ``"positional_axes"``.
+      checked first: ``"axis_index_groups"``, ``"positional_axes"``,
+      ``"symbolic_shape"``; after the policy: ``"shape"`` (the fused
+      kernel's shape rule) and ``"partial_manual"`` (a shard_map that leaves
+      mesh axes automatic).
     detail: a sentence for the user; for an environment reason it also says
       what would apply on CUDA GPUs that are NVLink peers.
     axes: the reduced axis names.
@@ -106,13 +109,16 @@ def record(d: Decision, *, level: int = logging.WARNING) -> Decision:
   the fast path. Returns `d`."""
   with _lock:
     _records.append(d)
-    key = (d.reason, d.detail)
+    # Keyed with the level: a refusal logged at INFO for a swapped psum is
+    # logged again as a WARNING for an explicit one.
+    key = (d.reason, d.detail, level)
     first = key not in _seen
     _seen.add(key)
   if first and not d.fast:
-    logger.log(level, "jax_llar: psum over %s (%s, %d bytes per rank, %d "
-               "ranks) uses lax.psum: %s", d.axes, d.dtype, d.bytes_per_rank,
-               d.world_size, d.detail)
+    fallback = "its unfused code" if d.op != "psum" else "lax.psum"
+    logger.log(level, "jax_llar: %s over %s (%s, %d bytes per rank, %d "
+               "ranks) uses %s: %s", d.op, d.axes, d.dtype, d.bytes_per_rank,
+               d.world_size, fallback, d.detail)
   return d
 
 

@@ -47,6 +47,7 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
+from jax._src import core
 from jax._src import mesh as mesh_lib
 from jax._src.interpreters import mlir, pxla
 from jax._src.lax import parallel as lax_parallel
@@ -62,7 +63,7 @@ PSUM_PRIMITIVES = (lax_parallel.psum_p, lax_parallel.psum_invariant_p)
 
 # Reasons logged at INFO rather than WARNING: the user asked for them, or
 # nothing is lost (so is "world_size" for a group of one device).
-_INFO_REASONS = frozenset({"disabled", "empty", "export"})
+_INFO_REASONS = frozenset({"disabled", "empty", "export", "symbolic_shape"})
 
 # Reasons that say the environment is broken: WARNING whoever asked.
 _FAILURE_REASONS = frozenset({"xla_flags", "multiprocess", "extension",
@@ -127,6 +128,19 @@ def _refused_by_environment(groups, platform: str,
   return None
 
 
+def _automatic_axes(axis_ctx) -> list[str]:
+  """Mesh axes of size > 1 that the enclosing shard_map leaves automatic
+  (``axis_names=``): XLA's partitioner has no sharding rule for the FFI call
+  and would gather the operand over them."""
+  if not isinstance(axis_ctx, SPMDAxisContext) or not isinstance(
+      axis_ctx.mesh, mesh_lib.Mesh):
+    return []
+  manual = set(axis_ctx.manual_axes or ())
+  if not manual:  # not inside a shard_map (no psum lowers there)
+    return []
+  return [str(a) for a, n in axis_ctx.mesh.shape.items() if a not in manual and n > 1]
+
+
 def _refused_for_clusters(groups) -> tuple[str, str] | None:
   """The fused kernel's thread block clusters need compute capability 9.0."""
   for d in (d for g in groups for d in g):
@@ -141,9 +155,11 @@ def _refused_for_clusters(groups) -> tuple[str, str] | None:
   return None
 
 
-def _on_nvlink_gpus(candidate) -> str:
+def _on_nvlink_gpus(candidate, op: str = "psum") -> str:
+  what = (candidate.short_name if op == "psum"
+          else f"the fused {candidate.short_name} + add + RMSNorm kernel")
   return (f"; on CUDA GPUs that are NVLink peers, driven by one process, this "
-          f"psum would run {candidate.short_name}")
+          f"{op} would run {what}")
 
 
 def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
@@ -185,7 +201,8 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
     itemsize = np.dtype(dtype).itemsize
   except TypeError:  # extended dtypes: the policy refuses them by dtype
     itemsize = 0
-  nbytes = int(np.prod(aval.shape, dtype=np.int64)) * itemsize
+  symbolic = not core.is_constant_shape(aval.shape)
+  nbytes = 0 if symbolic else int(np.prod(aval.shape, dtype=np.int64)) * itemsize
   named = tuple(a for a in axes if not isinstance(a, int))
   groups = replica_groups(axis_ctx, named) if named else None
   world = len(groups[0]) if groups else 0
@@ -207,12 +224,21 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
     return record("axis_index_groups", "psum with axis_index_groups is lax.psum's")
   if len(named) != len(axes):
     return record("positional_axes", "psum over positional axes is lax.psum's")
+  if symbolic:
+    return record("symbolic_shape", "a shape with symbolic dimensions (jax.export "
+                  "shape polymorphism): the fast path needs sizes known at lowering")
   choice = policy.choose(dtype, nbytes, world, max_bytes=settings.max_bytes,
                          force=settings.forced())
   if choice.algorithm is None:
     return record(choice.reason, choice.detail)
   if shape_refusal is not None:
     return record("shape", shape_refusal)
+  partial = _automatic_axes(axis_ctx)
+  if partial:
+    return record("partial_manual", (
+        f"shard_map over only some mesh axes (automatic: {', '.join(partial)}): "
+        "XLA would replicate the operand over the automatic axes around the "
+        "call; lax.psum keeps it sharded"))
   candidate = choice.algorithm
   refusal = _refused_by_environment(groups, platform, for_export)
   if refusal is None and op != "psum":
@@ -224,7 +250,7 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
       refusal = ("communicator", str(e))
   if refusal is not None:
     reason, detail = refusal
-    return record(reason, detail + _on_nvlink_gpus(candidate),
+    return record(reason, detail + _on_nvlink_gpus(candidate, op),
                   candidate=candidate)
   return record("fast_path", choice.detail, algorithm=candidate,
                 candidate=candidate, comm_id=cs.comm_id, comm_key=cs.key)

@@ -127,6 +127,9 @@ class swap_psum(contextlib.ContextDecorator):
     enabled: True (default) marks the psums for jax_llar; False marks them
       to stay JAX's, also when ``install()`` is active.
 
+  Raises:
+    TypeError: `enabled` is not a bool.
+
   Example::
 
     @jax.jit
@@ -139,6 +142,8 @@ class swap_psum(contextlib.ContextDecorator):
   """
 
   def __init__(self, enabled: bool = True):
+    if not isinstance(enabled, bool):
+      raise TypeError(f"swap_psum(enabled): a bool, got {enabled!r}")
     self._value = MARK_SWAP if enabled else MARK_OFF
     self._local = threading.local()  # per thread: the entered marks, innermost last
 

@@ -172,3 +172,36 @@ def test_cuda_lowering_emits_the_fused_call(monkeypatch):
   assert "comm_id = 4 : i64" in text and "comm_key = 77 : i64" in text
   assert re.search(r"eps = 9\.9+\d*E-6 : f32", text), text
   assert "jax_llar.one_shot_ll_add_rms_norm.bf16.4096B.2ranks" in text
+
+
+def test_grad_all_reduces_the_primal_once():
+  """The JVP reuses the op's outputs: the forward all-reduce runs once (in
+  the fused op); the only psum is the tangent's."""
+  mesh = mesh_of((2,), ("x",))
+  x, r, w = _data(np.random.default_rng(7), 2, 1, 16, np.float32)
+  xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+
+  def loss(x, r, w):
+    n, _ = jax.shard_map(lambda x, r, w: jax_llar.psum_add_rms_norm(x[0], r, w, "x"),
+                         mesh=mesh, in_specs=(P("x"), P(), P()), out_specs=(P(), P()))(x, r, w)
+    return jnp.sum(n)
+
+  text = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 2)))(xs, r, w))
+  assert text.count("llar_psum_add_rms_norm[") == 1
+  assert text.count("psum") - text.count("llar_psum_add_rms_norm") <= 1
+
+
+def test_explain_finds_the_fused_op_in_a_rolled_loop():
+  mesh = mesh_of((2,), ("x",))
+  x, r, w = _data(np.random.default_rng(8), 2, 1, 16, np.float32)
+
+  def body(x, r, w):
+    def step(c, _):
+      n, nr = jax_llar.psum_add_rms_norm(x[0], c, w, "x")
+      return nr + n * 0, None
+    return lax.scan(step, r, None, length=16)[0]
+
+  f = jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P(), P()), out_specs=P(),
+                    check_vma=False)
+  found = jax_llar.explain(f, jax.device_put(x, NamedSharding(mesh, P("x"))), r, w)
+  assert [x.primitive for x in found] == ["llar_psum_add_rms_norm"]

@@ -506,3 +506,30 @@ def test_psum_of_several_operands_splits_fast_and_fallback(monkeypatch):
   assert text.count("stablehlo.all_reduce") == 1
   assert re.search(r"jax_llar_all_reduce\(%\w+\).*tensor<1x8xf32>", text)
   assert re.search(r"all_reduce\"\(%\w+\).*\n(.*\n){0,6}.*tensor<1x4xf32>", text)
+
+
+def test_partially_manual_shard_map_keeps_lax_psum():
+  """shard_map(axis_names={"x"}) on a 2 x 2 mesh leaves "y" automatic: XLA
+  would gather the custom call's operand over "y", so the psum stays JAX's."""
+  mesh = jax.make_mesh((2, 2), ("x", "y"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  x = jax.device_put(np.ones((4, 8), np.float32),
+                     jax.sharding.NamedSharding(mesh, P("x", "y")))
+  f = jax.jit(jax.shard_map(lambda v: jax_llar.psum(v, "x") * 2, mesh=mesh,
+                            in_specs=P("x"), out_specs=P(), axis_names={"x"}))
+  f.trace(x).lower(lowering_platforms=("cuda",))
+  (d,) = jax_llar.dispatch_log()
+  assert d.reason == "partial_manual" and "y" in d.detail
+
+
+def test_a_warning_follows_an_info_line_of_the_same_refusal(caplog):
+  caplog.set_level(logging.INFO, logger="jax_llar")
+  mesh = mesh_of((2,), ("x",))
+  x = np.ones(4, np.int16)
+  run = lambda fn: jax.jit(jax.shard_map(lambda v: fn(v, "x"), mesh=mesh,  # noqa: E731
+                                         in_specs=P("x"), out_specs=P())).lower(x)
+  with jax_llar.swap_psum():
+    run(lax.psum)
+  run(jax_llar.psum)
+  levels = [r.levelname for r in caplog.records if "dtype" in r.getMessage()]
+  assert levels == ["INFO", "WARNING"], levels

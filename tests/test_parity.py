@@ -171,3 +171,27 @@ def test_persistent_compilation_cache_across_processes(tmp_path):
   assert [r["hit"] for r in runs] == [False, True]
   assert runs[0]["decisions"] == runs[1]["decisions"] == ["platform"]
   assert os.listdir(tmp_path / "cache")
+
+
+@pytest.mark.parametrize("which", ["jax_llar.psum", "fused", "install"])
+def test_shape_polymorphic_export(which):
+  """jax.export with a symbolic dimension: every requested psum (and the
+  fused op) lowers as JAX's, reason "symbolic_shape"."""
+  mesh = jax.make_mesh((2,), ("x",))
+  fns = {
+      "jax_llar.psum": lambda v: jax_llar.psum(v, "x"),
+      "fused": lambda v: jax_llar.psum_add_rms_norm(v, v, jnp.ones((8,), v.dtype), "x")[0],
+      "install": lambda v: lax.psum(v, "x"),
+  }
+  f = jax.jit(jax.shard_map(fns[which], mesh=mesh, in_specs=P("x"), out_specs=P(None),
+                            check_vma=False))
+  (b,) = jax.export.symbolic_shape("2*b")
+  spec = jax.ShapeDtypeStruct((b, 8), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+  if which == "install":
+    jax_llar.install()
+  try:
+    exp = jax.export.export(f, platforms=("cpu", "cuda"))(spec)
+  finally:
+    jax_llar.uninstall()
+  assert "jax_llar_all_reduce" not in exp.mlir_module()
+  assert {d.reason for d in jax_llar.dispatch_log()} == {"symbolic_shape"}

@@ -352,3 +352,8 @@ def test_unmarked_psum_lowers_exactly_as_jax():
     jax.clear_caches()
   assert ours == theirs
   assert os.environ.get("JAX_LLAR_SWAP", "") in ("", "0")
+
+
+def test_swap_psum_takes_a_bool_only():
+  with pytest.raises(TypeError, match="a bool"):
+    jax_llar.swap_psum("off")
