@@ -14,6 +14,14 @@ Algorithms:
     polls its own scratch for the peers' lines and reduces the ranks in rank
     order; no barrier at entry or exit (arXiv 2607.16100, section 4.1; the LL
     protocol of NCCL). Payload per rank: up to 64 blocks x 512 lines x 8 bytes.
+  TWO_SHOT_LL (2): reduce-scatter, then all-gather, both in LL lines: rank q
+    owns chunk q of the payload (chunks as equal as possible, `two_shot_chunk`),
+    every rank stores its lines of chunk q into q's scratch, q reduces its
+    chunk in rank order (bitwise the one-shot's result) and stores the reduced
+    lines into every rank's scratch; no barrier, double buffered by epoch
+    parity (ffi/src/kernels/two_shot_ll.cuh). Payload per rank: up to 4 MiB.
+    Not in the tuning table yet (dispatch waits for measurements); reachable
+    with JAX_LLAR_ALGORITHM=two_shot_ll.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ class Algorithm(enum.IntEnum):
     ('one_shot_ll', 'llar.one_shot_ll')
   """
   ONE_SHOT_LL = 1
+  TWO_SHOT_LL = 2
 
   @property
   def short_name(self) -> str:
@@ -70,13 +79,60 @@ class Algorithm(enum.IntEnum):
 MAX_RANKS = 16
 
 # Largest payload per rank, in bytes, that each algorithm's scratch holds
-# (args.h: kOneShotMaxBytes = kMaxBlocks * kLinesPerBlock * kPayloadBytesPerLine).
+# (args.h: kOneShotMaxBytes = kMaxBlocks * kLinesPerBlock * kPayloadBytesPerLine;
+# kTwoShotMaxBytes).
 MAX_BYTES: dict[Algorithm, int] = {
     Algorithm.ONE_SHOT_LL: 64 * 512 * 8,
+    Algorithm.TWO_SHOT_LL: 4 * 1024 * 1024,
 }
 
 # The largest of MAX_BYTES: the cap of the JAX_LLAR_MAX_BYTES setting.
 LARGEST_MAX_BYTES = max(MAX_BYTES.values())
+
+# --- the two-shot's geometry (args.h, kernels.h; the C++ is the source) -----------
+
+# Bytes of payload per LL line; lines of one two-shot step (64 blocks x 512).
+LINE_PAYLOAD_BYTES = 8
+TWO_SHOT_STEP_LINES = 64 * 512
+TWO_SHOT_BLOCK_LINES = 64
+
+
+def two_shot_chunk(lines: int, world: int, owner: int) -> tuple[int, int]:
+  """(start, lines) of chunk `owner` of a payload of `lines` LL lines cut
+  into `world` chunks as equal as possible (args.h: TwoShotChunkOf): the
+  first ``lines % world`` chunks are one line longer."""
+  base, extra = divmod(lines, world)
+  return owner * base + min(owner, extra), base + (1 if owner < extra else 0)
+
+
+def two_shot_max_steps(world: int) -> int:
+  """Steps per thread the two-shot's scratch region holds for `world`
+  ranks (args.h: TwoShotMaxSteps)."""
+  lines = MAX_BYTES[Algorithm.TWO_SHOT_LL] // LINE_PAYLOAD_BYTES
+  chunk = -(-lines // world)
+  return -(-chunk // TWO_SHOT_STEP_LINES)
+
+
+def two_shot_grid(n_bytes: int, world: int) -> tuple[int, int, int, int]:
+  """(blocks, lines_per_block, threads, steps) of the two-shot kernel for
+  `n_bytes` per rank over `world` ranks (kernels.h: TwoShotGridFor)."""
+  lines = -(-n_bytes // LINE_PAYLOAD_BYTES)
+  chunk = two_shot_chunk(lines, world, 0)[1]
+  blocks = min(64, max(1, -(-chunk // TWO_SHOT_BLOCK_LINES)))
+  per_block = -(-chunk // blocks)
+  threads = min(512, max(32, -(-per_block // 32) * 32))
+  return blocks, per_block, threads, -(-per_block // threads)
+
+
+def scratch_bytes(world: int, algorithm: Algorithm) -> int:
+  """Bytes of symmetric scratch per rank for `world` ranks serving
+  `algorithm` and every algorithm before it (args.h: ScratchBytes): the
+  one-shot's region, then the two-shot's."""
+  one_shot = 2 * 64 * world * 512 * 16
+  if algorithm == Algorithm.ONE_SHOT_LL:
+    return one_shot
+  return one_shot + two_shot_max_steps(world) * 2 * 2 * world * TWO_SHOT_STEP_LINES * 16
+
 
 # Element types the kernels reduce (reduce.cuh: one packing and accumulation
 # rule per dtype). Every algorithm serves all of them.

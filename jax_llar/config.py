@@ -21,10 +21,14 @@ Environment variables:
                             e.g. "one_shot_ll"): that algorithm serves every
                             psum it can, whatever the table says.
   JAX_LLAR_MAX_BYTES=N      largest per-rank payload (bytes) given to the fast
-                            path, 0 .. 262144 (default and cap: the largest
-                            payload any algorithm serves,
+                            path, 0 .. 4194304 (the cap: the largest payload
+                            any algorithm serves,
                             ``jax_llar.algorithms.LARGEST_MAX_BYTES``); larger
-                            values are clipped to the cap.
+                            values are clipped to the cap. Default 262144, the
+                            largest payload the tuning table dispatches
+                            (``DEFAULT_MAX_BYTES``); a forced algorithm that
+                            serves more (JAX_LLAR_ALGORITHM=two_shot_ll, up to
+                            4 MiB) needs a larger value.
 """
 
 from __future__ import annotations
@@ -32,10 +36,13 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from jax_llar.algorithms import LARGEST_MAX_BYTES, Algorithm
+from jax_llar.algorithms import LARGEST_MAX_BYTES, MAX_BYTES, Algorithm
 
 # The cap of max_bytes (bytes per rank).
 MAX_BYTES_CAP = LARGEST_MAX_BYTES
+# The default of max_bytes: the largest payload policy.TUNING_TABLE dispatches
+# (the one-shot's limit; tests/test_policy.py checks that they agree).
+DEFAULT_MAX_BYTES = MAX_BYTES[Algorithm.ONE_SHOT_LL]
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -76,7 +83,8 @@ class Settings:
       to communicator sets created afterwards (a set is created once per
       device layout and kept).
     max_bytes: largest per-rank payload in bytes for the fast path,
-      0 .. 262144 (0 sends every psum to lax.psum).
+      0 .. MAX_BYTES_CAP, default DEFAULT_MAX_BYTES (0 sends every psum to
+      lax.psum).
     algorithm: "auto" (the tuning table decides) or the short name of the
       algorithm that serves every psum it can (``forced()`` gives it).
 
@@ -85,7 +93,7 @@ class Settings:
   """
   disabled: bool = False
   timeout_ms: int = 30_000
-  max_bytes: int = MAX_BYTES_CAP
+  max_bytes: int = DEFAULT_MAX_BYTES
   algorithm: str = "auto"
 
   def __setattr__(self, name, value):
@@ -114,7 +122,7 @@ def _from_env() -> Settings:
     return Settings(
         disabled=env_bool("JAX_LLAR_DISABLE"),
         timeout_ms=_env_int("JAX_LLAR_TIMEOUT_MS", 30_000),
-        max_bytes=min(_env_int("JAX_LLAR_MAX_BYTES", MAX_BYTES_CAP),
+        max_bytes=min(_env_int("JAX_LLAR_MAX_BYTES", DEFAULT_MAX_BYTES),
                       MAX_BYTES_CAP),
         algorithm=os.environ.get("JAX_LLAR_ALGORITHM", "").strip() or "auto",
     )

@@ -66,8 +66,8 @@ def test_settings_assignment_is_checked():
   s.max_bytes = 0
   s.timeout_ms = 5
   assert (s.max_bytes, s.timeout_ms) == (0, 5)
-  assert config.settings.max_bytes == config.MAX_BYTES_CAP  # default cap
-  assert config.MAX_BYTES_CAP == algorithms.LARGEST_MAX_BYTES == 262144
+  assert config.settings.max_bytes == config.DEFAULT_MAX_BYTES == 262144  # default
+  assert config.MAX_BYTES_CAP == algorithms.LARGEST_MAX_BYTES == 4194304
 
 
 # --- status ----------------------------------------------------------------------
@@ -155,8 +155,8 @@ def test_error_reports_load_nothing(monkeypatch):
 
 class _Ext:
   """The attributes of jax_llar._llar that _ext reads."""
-  ALGORITHMS = {"one_shot_ll": 1}
-  MAX_BYTES = {"one_shot_ll": 262144}
+  ALGORITHMS = {"one_shot_ll": 1, "two_shot_ll": 2}
+  MAX_BYTES = {"one_shot_ll": 262144, "two_shot_ll": 4194304}
   MAX_RANKS = 16
   FUSED_MAX_BYTES = 262144
   FUSED_BLOCK_LINES = 64

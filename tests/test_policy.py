@@ -41,7 +41,8 @@ def test_algorithm_names_and_ids():
   assert Algorithm.from_short_name("one_shot_ll") is ONE_SHOT_LL
   with pytest.raises(ValueError, match="one_shot_ll"):
     Algorithm.from_short_name("two_shot")
-  assert MAX_BYTES == {ONE_SHOT_LL: 262144} and LARGEST_MAX_BYTES == 262144
+  assert MAX_BYTES == {ONE_SHOT_LL: 262144, Algorithm.TWO_SHOT_LL: 4194304}
+  assert LARGEST_MAX_BYTES == 4194304
   assert MAX_RANKS == 16
   assert SUPPORTED_DTYPES == (np.dtype(np.float32), BF16, np.dtype(np.float16),
                               np.dtype(np.int32))
@@ -108,7 +109,7 @@ def test_every_threshold_of_every_entry(entry, dtype):
 @pytest.mark.parametrize("dtype", SUPPORTED_DTYPES, ids=DTYPE_IDS)
 def test_max_bytes_threshold(dtype):
   item = dtype.itemsize
-  for cap in (1000, 4096, CAP):
+  for cap in (1000, 4096, MAX_BYTES[ONE_SHOT_LL]):
     n = cap - cap % item  # the largest whole number of elements under the cap
     assert choose(dtype, n - item, 2, max_bytes=cap).algorithm is ONE_SHOT_LL
     assert choose(dtype, n, 2, max_bytes=cap).algorithm is ONE_SHOT_LL
@@ -247,8 +248,9 @@ def test_decision_one_element_around_each_threshold(dtype, ranks):
   """One element below, at and one above every size threshold of the table
   (the entries' max_bytes) and of the cap."""
   item = np.dtype(dtype).itemsize
-  thresholds = sorted({e.max_bytes for e in policy.TUNING_TABLE
-                       if e.min_ranks <= ranks <= e.max_ranks} | {CAP})
+  served = {e.max_bytes for e in policy.TUNING_TABLE if e.min_ranks <= ranks <= e.max_ranks}
+  # The cap is a threshold where the table reaches it.
+  thresholds = sorted(served | ({CAP} if CAP <= max(served) else set()))
   for t in thresholds:
     n = t // item  # elements at the threshold
     for elems, fast in ((n - 1, True), (n, True), (n + 1, False)):
@@ -256,3 +258,18 @@ def test_decision_one_element_around_each_threshold(dtype, ranks):
       assert (c.algorithm is not None) == fast, (t, elems, c)
       if not fast:
         assert c.reason == "size"
+
+
+def test_default_max_bytes_is_what_the_table_dispatches():
+  """The default cap (config.DEFAULT_MAX_BYTES) is the largest payload of the
+  tuning table: raising it dispatches nothing more by itself; a forced
+  algorithm that serves more (two_shot_ll) needs JAX_LLAR_MAX_BYTES."""
+  from jax_llar import config  # pylint: disable=import-outside-toplevel
+  assert config.DEFAULT_MAX_BYTES == max(e.max_bytes for e in TUNING_TABLE)
+  two = Algorithm.TWO_SHOT_LL
+  assert all(e.algorithm is not two for e in TUNING_TABLE)  # waits for measurements
+  big = 1 << 20
+  assert choose(np.float32, big, 2, max_bytes=CAP, force=two).algorithm is two
+  assert choose(np.float32, big, 2, max_bytes=config.DEFAULT_MAX_BYTES,
+                force=two).reason == "size"
+  assert choose(np.float32, MAX_BYTES[two] + 4, 2, max_bytes=CAP, force=two).reason == "size"

@@ -200,10 +200,11 @@ class FakeNative:
             "blocks_per_sm": 32, "sms": 132, "co_resident": self.co_resident,
             "generic_kernel": generic or world not in (2, 4, 8), "device_bytes": 0}
 
-  def loopback(self, raw, dtype, calls, *, sync=True, keep=0, generic=False, block_lines=0,
-               timeout_ms=2000.0, start_epoch=0, misalign=0, ordinal=0, skip_rank=-1,
-               skip_call=0):
-    self.calls.append(dict(sync=sync, keep=keep, start_epoch=start_epoch))
+  def loopback(self, raw, dtype, calls, *, sync=True, keep=0, algorithm=1, generic=False,
+               block_lines=0, timeout_ms=2000.0, start_epoch=0, misalign=0, ordinal=0,
+               skip_rank=-1, skip_call=0):
+    self.calls.append(dict(sync=sync, keep=keep, start_epoch=start_epoch,
+                           algorithm=algorithm))
     np_dtype = lh.DTYPES[{v: k for k, v in CODES.items()}[dtype]]
     x = raw.view(np_dtype)
     refs = lh.references(x)

@@ -30,11 +30,17 @@ struct DeviceResources {
   ncclWindow_t window = nullptr;
   ncclDevComm dev_comm{};
   void* scratch = nullptr;
-  uint64_t* state = nullptr;   // kEpochCounters epoch counters + one claim word
+  uint64_t* state = nullptr;   // kStateWords: epoch counters and the claim word (args.h)
   PeerTable* peers = nullptr;  // device copy of the peer table
   ErrorRecord* error = nullptr;  // host-mapped
   DeviceContext context;
 };
+
+// Every communicator serves every algorithm: its scratch holds the regions of
+// all of them (args.h, ScratchBytes).
+constexpr Algorithm kLastAlgorithm = Algorithm::kTwoShotLL;
+static_assert(static_cast<int64_t>(kLastAlgorithm) == kAlgorithmCount - 1,
+              "the scratch must hold every algorithm's region");
 
 struct CommSet {
   std::vector<std::vector<int>> groups;
@@ -99,9 +105,8 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
     CheckCuda(cudaSetDevice(group[i]), "cudaSetDevice");
     CheckNccl(ncclMemAlloc(&d.scratch, scratch_bytes), "ncclMemAlloc");
     CheckCuda(cudaMemset(d.scratch, 0, scratch_bytes), "cudaMemset(scratch)");
-    CheckCuda(cudaMalloc(&d.state, sizeof(uint64_t) * (kEpochCounters + 1)),
-              "cudaMalloc(epochs)");
-    CheckCuda(cudaMemset(d.state, 0, sizeof(uint64_t) * (kEpochCounters + 1)),
+    CheckCuda(cudaMalloc(&d.state, sizeof(uint64_t) * kStateWords), "cudaMalloc(epochs)");
+    CheckCuda(cudaMemset(d.state, 0, sizeof(uint64_t) * kStateWords),
               "cudaMemset(epochs)");
     CheckCuda(cudaMalloc(&d.peers, sizeof(PeerTable)), "cudaMalloc(peer table)");
     CheckCuda(cudaHostAlloc(reinterpret_cast<void**>(&d.error), sizeof(ErrorRecord),
@@ -150,6 +155,7 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
     CheckCuda(ReadLsaPointers(d.window, n, peers), "reading LSA peer pointers");
     CheckCuda(PreloadOneShotLL(), "loading the one-shot kernels");
     CheckCuda(PreloadOneShotLLAddRmsNorm(), "loading the fused add + RMSNorm kernels");
+    CheckCuda(PreloadTwoShotLL(), "loading the two-shot kernels");
 
     DeviceContext& c = d.context;
     c.ordinal = group[i];
@@ -157,7 +163,7 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
     c.world = n;
     PeerTable table{};
     for (int p = 0; p < n; ++p) table.scratch[p] = static_cast<char*>(peers[p]);
-    table.error_claim = reinterpret_cast<int32_t*>(d.state + kEpochCounters);
+    table.error_claim = reinterpret_cast<int32_t*>(d.state + kClaimWord);
     CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table.error), d.error, 0),
               "cudaHostGetDevicePointer");
     table.timeout_ns = timeout_ns;
@@ -198,9 +204,10 @@ int CreateCommSet(const std::vector<std::vector<int>>& groups,
   set->groups = groups;
   size_t world = groups[0].size();
   for (const auto& g : groups) world = std::max(world, g.size());
-  set->scratch_bytes = ScratchBytes(static_cast<int>(world));
+  set->scratch_bytes = ScratchBytes(static_cast<int>(world), kLastAlgorithm);
   for (const auto& g : groups) {
-    CreateGroup(g, ScratchBytes(static_cast<int>(g.size())), timeout_ns, set->devices);
+    CreateGroup(g, ScratchBytes(static_cast<int>(g.size()), kLastAlgorithm), timeout_ns,
+                set->devices);
   }
   const int id = static_cast<int>(g_sets.size());
   for (const auto& d : set->devices) {
@@ -270,7 +277,7 @@ std::vector<std::vector<Member>> MembersOf(int64_t comm_id) {
     for (size_t i = 0; i < g.size(); ++i, ++next) {
       const DeviceResources& d = *set.devices[next];
       members.push_back({d.context.ordinal, d.context.rank, d.context.world, d.comm,
-                         d.scratch, ScratchBytes(d.context.world), &d.context});
+                         d.scratch, ScratchBytes(d.context.world, kLastAlgorithm), &d.context});
     }
     out.push_back(std::move(members));
   }

@@ -75,7 +75,7 @@ LLAR_API std::vector<ErrorReport> ErrorReports();
 // the execute path.
 //
 // One device of a set: its NCCL communicator and its scratch window (local
-// address, ScratchBytes(world) bytes).
+// address, ScratchBytes(world, <last algorithm>) bytes: every algorithm's region).
 struct Member {
   int32_t ordinal;
   int32_t rank;

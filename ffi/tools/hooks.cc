@@ -123,9 +123,12 @@ void SetEpochForTesting(int64_t comm_id, uint64_t epoch) {
   const std::vector<uint64_t> epochs(kEpochCounters, epoch);
   for (const Member& m : members) {
     CheckCuda(cudaSetDevice(m.ordinal), "cudaSetDevice");
-    CheckCuda(cudaMemcpy(m.context->base.epochs, epochs.data(),
-                         sizeof(uint64_t) * kEpochCounters, cudaMemcpyHostToDevice),
-              "cudaMemcpy(epochs)");
+    // Both sets of counters: the one-shot's and the two-shot's (args.h).
+    for (int set : {0, kTwoShotEpochs}) {
+      CheckCuda(cudaMemcpy(m.context->base.epochs + set, epochs.data(),
+                           sizeof(uint64_t) * kEpochCounters, cudaMemcpyHostToDevice),
+                "cudaMemcpy(epochs)");
+    }
     CheckCuda(cudaMemset(m.scratch, 0, m.scratch_bytes), "cudaMemset(scratch)");
     CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }

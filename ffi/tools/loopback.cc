@@ -101,7 +101,7 @@ std::string CudaErrorText(cudaError_t e) {
 struct Resources {
   int world = 0;
   std::vector<char*> scratch;
-  std::vector<uint64_t*> state;       // kEpochCounters counters + the claim word
+  std::vector<uint64_t*> state;       // kStateWords: counters and the claim word (args.h)
   std::vector<PeerTable*> tables;     // device copies
   std::vector<ErrorRecord*> records;  // host-mapped
   std::vector<cudaStream_t> streams;
@@ -152,21 +152,31 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// The first epoch counter of `rank` that is not start + calls for a warp of
-// the grid, or start for any other warp; "" when all are.
-std::string CheckEpochs(const std::vector<uint64_t>& counters, const LoopbackPlan& plan,
-                        uint64_t start, int calls, int rank) {
+bool IsTwoShot(const LoopbackSpec& s) {
+  return s.algorithm == static_cast<int64_t>(Algorithm::kTwoShotLL);
+}
+
+// The first epoch counter of `rank` (the kStateWords state words) that is
+// not start + calls for a warp of the grid in the set of the algorithm that
+// ran (the one-shot's or the two-shot's, args.h), or start for any other warp
+// of either set; "" when all are.
+std::string CheckEpochs(const std::vector<uint64_t>& state, const LoopbackPlan& plan,
+                        uint64_t start, int calls, int rank, bool two_shot) {
   const uint32_t warps = plan.threads / kWarpSize;
-  for (int b = 0; b < kMaxBlocks; ++b) {
-    for (int w = 0; w < kMaxWarps; ++w) {
-      const bool in_grid = static_cast<uint32_t>(b) < plan.blocks && static_cast<uint32_t>(w) < warps;
-      const uint64_t want = in_grid ? start + static_cast<uint64_t>(calls) : start;
-      const uint64_t got = counters[static_cast<size_t>(b) * kMaxWarps + w];
-      if (got != want) {
-        std::ostringstream m;
-        m << "rank " << rank << " block " << b << " warp " << w << ": epoch " << got
-          << ", expected " << want;
-        return m.str();
+  for (const int set : {0, kTwoShotEpochs}) {
+    const bool ran = (set == kTwoShotEpochs) == two_shot;
+    for (int b = 0; b < kMaxBlocks; ++b) {
+      for (int w = 0; w < kMaxWarps; ++w) {
+        const bool in_grid =
+            ran && static_cast<uint32_t>(b) < plan.blocks && static_cast<uint32_t>(w) < warps;
+        const uint64_t want = in_grid ? start + static_cast<uint64_t>(calls) : start;
+        const uint64_t got = state[set + static_cast<size_t>(b) * kMaxWarps + w];
+        if (got != want) {
+          std::ostringstream m;
+          m << "rank " << rank << (set == 0 ? " one-shot" : " two-shot") << " block " << b
+            << " warp " << w << ": epoch " << got << ", expected " << want;
+          return m.str();
+        }
       }
     }
   }
@@ -179,23 +189,40 @@ LoopbackPlan PlanLoopback(const LoopbackSpec& s, int n_sets) {
   Validate(s, n_sets);
   LoopbackPlan p;
   const uint32_t lines = (s.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
-  const OneShotGrid g = OneShotGridFor(lines, s.block_lines);
-  p.blocks = g.blocks;
-  p.lines_per_block = g.lines_per_block;
-  p.threads = g.threads;
+  const bool two_shot = IsTwoShot(s);
+  if (two_shot) {
+    const TwoShotGrid g = TwoShotGridFor(lines, s.world);
+    p.blocks = g.blocks;
+    p.lines_per_block = g.lines_per_block;
+    p.threads = g.threads;
+    p.steps = g.steps;
+  } else {
+    const OneShotGrid g = OneShotGridFor(lines, s.block_lines);
+    p.blocks = g.blocks;
+    p.lines_per_block = g.lines_per_block;
+    p.threads = g.threads;
+    p.steps = 1;
+  }
   p.generic_kernel = s.generic || (s.world != 2 && s.world != 4 && s.world != 8);
   DeviceGuard guard;
   CheckCuda(cudaSetDevice(s.ordinal), "cudaSetDevice");
   CheckCuda(cudaDeviceGetAttribute(&p.sms, cudaDevAttrMultiProcessorCount, s.ordinal),
             "cudaDeviceGetAttribute(multiprocessors)");
-  CheckCuda(OneShotLLOccupancy(s.dtype, s.world, s.generic, p.threads, &p.regs_per_thread,
-                               &p.blocks_per_sm),
-            "occupancy of the one-shot kernel");
+  if (two_shot) {
+    CheckCuda(TwoShotLLOccupancy(s.dtype, s.world, p.threads, &p.regs_per_thread,
+                                 &p.blocks_per_sm),
+              "occupancy of the two-shot kernel");
+  } else {
+    CheckCuda(OneShotLLOccupancy(s.dtype, s.world, s.generic, p.threads, &p.regs_per_thread,
+                                 &p.blocks_per_sm),
+              "occupancy of the one-shot kernel");
+  }
   p.co_resident = static_cast<uint64_t>(s.world) * p.blocks <=
                   static_cast<uint64_t>(p.sms) * static_cast<uint64_t>(p.blocks_per_sm);
   const uint64_t slots = static_cast<uint64_t>(n_sets) + KeptCalls(s) + 1;
   p.device_bytes = static_cast<uint64_t>(s.world) *
-                   (ScratchBytes(s.world) + sizeof(uint64_t) * (kEpochCounters + 1) +
+                   (ScratchBytes(s.world, static_cast<Algorithm>(s.algorithm)) +
+                    sizeof(uint64_t) * kStateWords +
                     sizeof(PeerTable) + slots * SlotStride(s));
   return p;
 }
@@ -225,19 +252,22 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
   CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before the set-up)");
   // As CreateGroup: no lazy module load once kernels that wait on each other run.
   CheckCuda(PreloadOneShotLL(), "loading the one-shot kernels");
+  CheckCuda(PreloadTwoShotLL(), "loading the two-shot kernels");
   Resources rs(W);
 
   // Set-up: what CreateGroup (registry.cc) gives each rank, on one device.
-  const size_t scratch_bytes = ScratchBytes(W);
-  const size_t state_bytes = sizeof(uint64_t) * (kEpochCounters + 1);
+  // The regions of the algorithm under test and of those before it (args.h).
+  const size_t scratch_bytes = ScratchBytes(W, static_cast<Algorithm>(s.algorithm));
+  const size_t state_bytes = sizeof(uint64_t) * kStateWords;
   const std::vector<uint64_t> epochs(kEpochCounters, s.start_epoch);
   for (int r = 0; r < W; ++r) {
     CheckCuda(cudaMalloc(&rs.scratch[r], scratch_bytes), "cudaMalloc(scratch)");
     CheckCuda(cudaMemset(rs.scratch[r], 0, scratch_bytes), "cudaMemset(scratch)");
     CheckCuda(cudaMalloc(&rs.state[r], state_bytes), "cudaMalloc(epochs)");
     CheckCuda(cudaMemset(rs.state[r], 0, state_bytes), "cudaMemset(epochs)");
-    if (s.start_epoch != 0) {
-      CheckCuda(cudaMemcpy(rs.state[r], epochs.data(), sizeof(uint64_t) * kEpochCounters,
+    for (const int set : {0, kTwoShotEpochs}) {  // both sets of counters
+      if (s.start_epoch == 0) break;
+      CheckCuda(cudaMemcpy(rs.state[r] + set, epochs.data(), sizeof(uint64_t) * kEpochCounters,
                            cudaMemcpyHostToDevice),
                 "cudaMemcpy(epochs)");
     }
@@ -252,7 +282,7 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
   for (int r = 0; r < W; ++r) {
     PeerTable table{};
     for (int p = 0; p < W; ++p) table.scratch[p] = rs.scratch[p];
-    table.error_claim = reinterpret_cast<int32_t*>(rs.state[r] + kEpochCounters);
+    table.error_claim = reinterpret_cast<int32_t*>(rs.state[r] + kClaimWord);
     CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table.error), rs.records[r], 0),
               "cudaHostGetDevicePointer");
     table.timeout_ns = s.timeout_ns;
@@ -342,12 +372,12 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
     error = cudaMemcpy2D(res.outputs.data(), s.n_bytes, rs.outputs + s.misalign, stride,
                          s.n_bytes, static_cast<size_t>(res.kept) * W, cudaMemcpyDeviceToHost);
   }
-  std::vector<uint64_t> counters(kEpochCounters);
+  std::vector<uint64_t> state(kStateWords);
   for (int r = 0; r < W && error == cudaSuccess; ++r) {
-    error = cudaMemcpy(counters.data(), rs.state[r], sizeof(uint64_t) * kEpochCounters,
-                       cudaMemcpyDeviceToHost);
+    error = cudaMemcpy(state.data(), rs.state[r], state_bytes, cudaMemcpyDeviceToHost);
     if (error == cudaSuccess && res.epoch_mismatch.empty()) {
-      res.epoch_mismatch = CheckEpochs(counters, res.plan, s.start_epoch, run_calls, r);
+      res.epoch_mismatch =
+          CheckEpochs(state, res.plan, s.start_epoch, run_calls, r, IsTwoShot(s));
     }
   }
   if (error != cudaSuccess) {

@@ -6,7 +6,8 @@
 // The kernels see their peers only through PeerTable::scratch[p] (registry.h
 // resolves those addresses from NCCL at set-up). Here every simulated rank
 // gets, on the one device, what CreateGroup gives a real rank: a zeroed
-// scratch of ScratchBytes(world), zeroed epoch counters and claim word, a
+// scratch of ScratchBytes(world, algorithm), zeroed epoch counters (both
+// sets, args.h) and claim word, a
 // host-mapped ErrorRecord and a PeerTable whose scratch[p] is simulated rank
 // p's scratch on the same device. Each call launches the production launcher
 // (kAlgorithms[algorithm], or LaunchOneShotLLWith for the generic kernel or
@@ -81,7 +82,9 @@ struct LoopbackSpec {
 
 // The grid of one rank and whether all ranks' grids fit on the device at once.
 struct LoopbackPlan {
-  uint32_t blocks = 0, lines_per_block = 0, threads = 0;  // per rank (OneShotGridFor)
+  uint32_t blocks = 0, lines_per_block = 0, threads = 0;  // per rank (OneShotGridFor,
+                                                          // TwoShotGridFor)
+  uint32_t steps = 1;           // lines per thread and chunk (two-shot; 1 for the one-shot)
   int regs_per_thread = 0;      // of the kernel (its copy in the tools library)
   int blocks_per_sm = 0;        // resident blocks of `threads` threads per SM
   int sms = 0;                  // multiprocessors of the device
@@ -133,6 +136,9 @@ LoopbackResult RunLoopback(const LoopbackSpec& spec, const uint8_t* inputs, int 
 // of a copy of the production kernels compiled into the tools library from
 // the same template and options (the production library exports no kernel).
 cudaError_t OneShotLLOccupancy(DType dtype, int world, bool generic, uint32_t threads,
+                               int* regs_per_thread, int* blocks_per_sm);
+// The same for the two-shot kernel that LaunchTwoShotLL picks for (dtype, world).
+cudaError_t TwoShotLLOccupancy(DType dtype, int world, uint32_t threads,
                                int* regs_per_thread, int* blocks_per_sm);
 
 }  // namespace llar

@@ -213,8 +213,8 @@ FusedLoopbackResult RunFusedLoopback(const FusedLoopbackSpec& s, const std::vect
   Resources rs(W);
 
   // Set-up: what CreateGroup (registry.cc) gives each rank, on one device.
-  const size_t scratch_bytes = ScratchBytes(W);
-  const size_t state_bytes = sizeof(uint64_t) * (kEpochCounters + 1);
+  const size_t scratch_bytes = ScratchBytes(W, Algorithm::kOneShotLL);
+  const size_t state_bytes = sizeof(uint64_t) * kStateWords;
   const std::vector<uint64_t> epochs(kEpochCounters, s.start_epoch);
   for (int r = 0; r < W; ++r) {
     CheckCuda(cudaMalloc(&rs.scratch[r], scratch_bytes), "cudaMalloc(scratch)");
@@ -235,7 +235,7 @@ FusedLoopbackResult RunFusedLoopback(const FusedLoopbackSpec& s, const std::vect
   for (int r = 0; r < W; ++r) {
     PeerTable table{};
     for (int p = 0; p < W; ++p) table.scratch[p] = rs.scratch[p];
-    table.error_claim = reinterpret_cast<int32_t*>(rs.state[r] + kEpochCounters);
+    table.error_claim = reinterpret_cast<int32_t*>(rs.state[r] + kClaimWord);
     CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table.error), rs.records[r], 0),
               "cudaHostGetDevicePointer");
     table.timeout_ns = s.timeout_ns;

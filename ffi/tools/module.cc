@@ -66,6 +66,7 @@ nb::dict PlanDict(const llar::LoopbackPlan& p) {
   d["blocks"] = p.blocks;
   d["lines_per_block"] = p.lines_per_block;
   d["threads"] = p.threads;
+  d["steps"] = p.steps;
   d["regs_per_thread"] = p.regs_per_thread;
   d["blocks_per_sm"] = p.blocks_per_sm;
   d["sms"] = p.sms;

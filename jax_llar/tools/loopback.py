@@ -2,6 +2,7 @@
 
   python -m jax_llar.tools.loopback [--worlds 2,3,4,5,8,16] [--dtypes float32,bfloat16]
       [--sizes 4,100,4096] [--calls 50] [--generic] [--no_sync] [--json out.json]
+      [--algorithm two_shot_ll]   (the two-shot, sizes up to 4 MiB per rank)
   python -m jax_llar.tools.loopback --skip_rank R --skip_call C [...]   (fault mode)
   python -m jax_llar.tools.loopback --op add_rms_norm [--shapes 1x4096,8x2048] [...]
       (the fused all-reduce + residual add + RMSNorm: jax_llar.tools.loopback_fused)
@@ -67,7 +68,13 @@ DTYPES_FLAG = flags.DEFINE_list("dtypes", list(lh.Settings.dtypes),
                                 "Element types: float32, bfloat16, float16, int32 "
                                 "(or f32, bf16, f16, i32).")
 SIZES = flags.DEFINE_list("sizes", [str(n) for n in lh.DEFAULT_SIZES],
-                          f"Payload sizes, bytes per rank, 1-{lh.MAX_BYTES}.")
+                          f"Payload sizes, bytes per rank, 1-{lh.MAX_BYTES} "
+                          "(two_shot_ll: 1-"
+                          f"{lh.max_bytes('two_shot_ll')}).")
+ALGORITHM = flags.DEFINE_enum("algorithm", "one_shot_ll", list(lh.ALGORITHMS),
+                              "--op all_reduce: the algorithm under test, through its "
+                              "production launcher (--generic and --block_lines apply "
+                              "to one_shot_ll only).")
 CALLS = flags.DEFINE_integer("calls", 50, "Consecutive all-reduce calls per case.",
                              lower_bound=1)
 SETS = flags.DEFINE_integer("sets", 4, "Input sets; call c uses set c % sets.",
@@ -148,7 +155,7 @@ def settings_from_flags() -> lh.Settings:
       block_lines=BLOCK_LINES.value, timeout_ms=TIMEOUT_MS.value,
       start_epochs=_ints(START_EPOCHS.value, "start_epochs"), misalign=MISALIGN.value,
       keep=KEEP.value, max_output_bytes=MAX_OUTPUT_MIB.value << 20, seed=SEED.value,
-      device=DEVICE.value)
+      device=DEVICE.value, algorithm=ALGORITHM.value)
 
 
 def save(result: dict, json_path: str | None, out_dir: str, tag: str) -> str:

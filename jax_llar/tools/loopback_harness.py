@@ -50,6 +50,18 @@ DTYPES.update({"f32": DTYPES["float32"], "bf16": DTYPES["bfloat16"],
 MAX_RANKS = algorithms.MAX_RANKS
 MAX_BYTES = algorithms.MAX_BYTES[algorithms.Algorithm.ONE_SHOT_LL]  # per rank
 IMPL = "loopback.one_shot_ll"
+# The algorithms the harness runs (kAlgorithms through the production launcher).
+ALGORITHMS = tuple(a.short_name for a in algorithms.Algorithm)
+
+
+def max_bytes(algorithm: str) -> int:
+  """Largest payload per rank of `algorithm` (a short name)."""
+  return algorithms.MAX_BYTES[algorithms.Algorithm.from_short_name(algorithm)]
+
+
+def impl(s: Settings) -> str:
+  """The rows' impl label: loopback.<algorithm>."""
+  return f"loopback.{s.algorithm}"
 NOTE = ("loopback harness: all ranks simulated on one GPU; tests the protocol "
         "logic and the reduction, not NVLink (every store is local), and measures "
         "no speed")
@@ -74,8 +86,8 @@ class Settings:
   Attributes:
     worlds: simulated world sizes, 2..16.
     dtypes: element types (keys of DTYPES).
-    sizes: payload bytes per rank, 1..MAX_BYTES (a size that is not a whole
-      number of elements of a dtype is skipped for it).
+    sizes: payload bytes per rank, 1..the algorithm's MAX_BYTES (a size that
+      is not a whole number of elements of a dtype is skipped for it).
     calls: consecutive all-reduce calls per case.
     sets: input sets; call c uses set c % sets.
     specials: whether one input set carries special values.
@@ -92,6 +104,8 @@ class Settings:
     max_output_bytes: bound on the outputs held per case (device and host).
     seed: seed of the random inputs.
     device: CUDA ordinal to run on.
+    algorithm: the algorithm under test, a short name (ALGORITHMS); generic
+      and block_lines apply to one_shot_ll only.
   """
   worlds: tuple[int, ...] = DEFAULT_WORLDS
   dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16", "int32")
@@ -109,6 +123,7 @@ class Settings:
   max_output_bytes: int = 256 << 20
   seed: int = 0
   device: int = 0
+  algorithm: str = "one_shot_ll"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,8 +150,15 @@ def validate(s: Settings) -> list[str]:
     errors.append(f"world sizes must be 2-{MAX_RANKS}: {list(s.worlds)}")
   if not s.dtypes or any(d not in DTYPES for d in s.dtypes):
     errors.append(f"dtypes must be among {', '.join(sorted(DTYPES))}: {list(s.dtypes)}")
-  if not s.sizes or any(not 1 <= n <= MAX_BYTES for n in s.sizes):
-    errors.append(f"sizes must be 1-{MAX_BYTES} bytes per rank: {list(s.sizes)}")
+  if s.algorithm not in ALGORITHMS:
+    errors.append(f"algorithm must be one of {', '.join(ALGORITHMS)}: {s.algorithm!r}")
+    limit = MAX_BYTES
+  else:
+    limit = max_bytes(s.algorithm)
+    if s.algorithm != "one_shot_ll" and (s.generic or s.block_lines):
+      errors.append("generic and block_lines apply to one_shot_ll only")
+  if not s.sizes or any(not 1 <= n <= limit for n in s.sizes):
+    errors.append(f"sizes must be 1-{limit} bytes per rank: {list(s.sizes)}")
   if s.calls < 1:
     errors.append("calls must be positive")
   if not 1 <= s.sets <= 1024:
@@ -363,14 +385,15 @@ def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator) -> dic
     epoch_mismatch, seconds (the harness's wall time, not a speed).
   """
   keep = kept_calls(s, case)
-  row = {"impl": IMPL, "world_size": case.world, "dtype": case.dtype,
+  row = {"impl": impl(s), "world_size": case.world, "dtype": case.dtype,
          "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
          "calls": s.calls, "calls_checked": keep, "sync": s.sync,
          "generic": s.generic, "block_lines": s.block_lines, "misalign": s.misalign,
          "status": "error", "correct": False}
   code = mod.DTYPE_CODES[str(case.np_dtype)]
+  algorithm = int(algorithms.Algorithm.from_short_name(s.algorithm))
   plan = dict(mod.loopback_plan(case.world, case.n_bytes, code, calls=s.calls, keep=keep,
-                                n_sets=s.sets, generic=s.generic,
+                                n_sets=s.sets, algorithm=algorithm, generic=s.generic,
                                 block_lines=s.block_lines, ordinal=s.device))
   row["plan"] = plan
   row["kernel"] = "generic" if plan["generic_kernel"] else f"world {case.world}"
@@ -382,7 +405,8 @@ def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator) -> dic
     return row
   inputs = make_inputs(rng, case, s.sets, s.specials)
   raw = np.ascontiguousarray(inputs).view(np.uint8)
-  r = mod.loopback(raw, code, s.calls, sync=s.sync, keep=keep, generic=s.generic,
+  r = mod.loopback(raw, code, s.calls, sync=s.sync, keep=keep, algorithm=algorithm,
+                   generic=s.generic,
                    block_lines=s.block_lines, timeout_ms=float(s.timeout_ms),
                    start_epoch=case.start_epoch, misalign=s.misalign, ordinal=s.device)
   row["seconds"] = r["seconds"]
@@ -417,7 +441,7 @@ def fault_spec(s: Settings, case: Case, skip_rank: int, skip_call: int) -> dict:
           "generic": s.generic, "block_lines": s.block_lines,
           "timeout_ms": s.timeout_ms, "misalign": s.misalign, "sets": s.sets,
           "seed": s.seed, "device": s.device, "skip_rank": skip_rank,
-          "skip_call": skip_call}
+          "skip_call": skip_call, "algorithm": s.algorithm}
 
 
 def fault_problems(spec: dict, data: dict | None) -> list[str]:
@@ -427,7 +451,8 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
   Expected: the run stopped with a CUDA error (the trap) at call skip_call,
   before the host deadline; at least one rank reported; every report is
   from a rank other than skip_rank about itself (``rank`` = its index),
-  names skip_rank as the peer, carries the epoch of call skip_call and its
+  names skip_rank as the peer (two_shot_ll: skip_rank, or a chunk owner
+  whose reduction waits for skip_rank), carries the epoch of call skip_call and its
   flag, and waited at least the timeout; the error came within the timeout
   and the trap's wait for the report (wait.cuh) of the last launch; and
   skip_rank reported nothing.
@@ -460,7 +485,8 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
       problems.append(f"{where}: the skipped rank reported")
     if r.get("rank") != i:
       problems.append(f"{where}: names rank {r.get('rank')} as the one that waited")
-    if r.get("peer") != rank_r:
+    two_shot = spec.get("algorithm", "one_shot_ll") == "two_shot_ll"
+    if r.get("peer") != rank_r and not (two_shot and r.get("peer") not in (i, None)):
       problems.append(f"{where}: names peer {r.get('peer')}, not {rank_r}")
     if r.get("epoch") != epoch:
       problems.append(f"{where}: epoch {r.get('epoch')}, not {epoch}")
@@ -513,7 +539,7 @@ def run_fault_case(s: Settings, case: Case, skip_rank: int, skip_call: int) -> d
   """One fault case in a child process; its row (status "pass" when the
   report is what `fault_problems` expects)."""
   spec = fault_spec(s, case, skip_rank, skip_call)
-  row = {"impl": IMPL + ".fault", "world_size": case.world, "dtype": case.dtype,
+  row = {"impl": impl(s) + ".fault", "world_size": case.world, "dtype": case.dtype,
          "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
          "calls": s.calls, "sync": s.sync, "generic": s.generic,
          "skip_rank": skip_rank, "skip_call": skip_call, "timeout_ms": s.timeout_ms,
@@ -600,11 +626,11 @@ def run(s: Settings, skip_rank: int = -1, skip_call: int = 0) -> dict:
     if reason is None and skip_rank >= case.world:
       reason = f"no rank {skip_rank} in a group of {case.world}"
     if reason is not None:
-      row = {"impl": IMPL, "world_size": case.world, "dtype": case.dtype,
+      row = {"impl": impl(s), "world_size": case.world, "dtype": case.dtype,
              "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
              "status": "skipped", "correct": False, "reason": reason}
     elif broken is not None:
-      row = {"impl": IMPL, "world_size": case.world, "dtype": case.dtype,
+      row = {"impl": impl(s), "world_size": case.world, "dtype": case.dtype,
              "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
              "status": "not_run", "correct": False, "reason": broken}
     elif skip_rank >= 0:
@@ -613,7 +639,7 @@ def run(s: Settings, skip_rank: int = -1, skip_call: int = 0) -> dict:
       try:
         row = run_case(mod, s, case, rng)
       except (ValueError, RuntimeError) as e:
-        row = {"impl": IMPL, "world_size": case.world, "dtype": case.dtype,
+        row = {"impl": impl(s), "world_size": case.world, "dtype": case.dtype,
                "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
                "status": "error", "correct": False,
                "reason": f"{type(e).__name__}: {e}"}

@@ -44,18 +44,25 @@ inline constexpr int kEpochCounters = kMaxBlocks * kMaxWarps;
 inline constexpr std::size_t kOneShotMaxBytes =
     std::size_t(kMaxBlocks) * kLinesPerBlock * kPayloadBytesPerLine;
 
-// Bytes of symmetric scratch per rank for a group of `world` ranks: two
-// halves (epoch parity) x blocks x source ranks x lines x 16 B. This is all
-// the scratch a communicator allocates.
-constexpr std::size_t ScratchBytes(int world) {
+enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
+
+// The FFI attribute `algorithm`; the execute handler's launcher table
+// (kernels/kernels.h) is indexed by it. The scratch holds one region per
+// algorithm, in this order (ScratchBytes below).
+enum class Algorithm : int32_t { kOneShotLL = 1, kTwoShotLL = 2 };
+
+// Bytes of the one-shot's scratch region per rank for a group of `world`
+// ranks: two halves (epoch parity) x blocks x source ranks x lines x 16 B.
+// The region starts at offset 0 of the scratch.
+constexpr std::size_t OneShotScratchBytes(int world) {
   return std::size_t(2) * kMaxBlocks * std::size_t(world) * kLinesPerBlock *
          kLineBytes;
 }
 
 // Byte offset of line `line` of block `block`, sent by rank `src`, in half
-// `half` of a rank's scratch. Computed in 32 bits (the largest offset,
-// ScratchBytes(kMaxRanks), is 16 MiB): fewer instructions before the first
-// store than 64-bit arithmetic.
+// `half` of a rank's scratch (the one-shot's region). Computed in 32 bits
+// (the largest offset, below ScratchBytes(kMaxRanks, ...) < 2 GiB): fewer
+// instructions before the first store than 64-bit arithmetic.
 LLAR_HOST_DEVICE constexpr std::size_t ScratchOffset(int half, int block,
                                                      int world, int src,
                                                      int line) {
@@ -63,14 +70,83 @@ LLAR_HOST_DEVICE constexpr std::size_t ScratchOffset(int half, int block,
       (((uint32_t(half) * kMaxBlocks + uint32_t(block)) * uint32_t(world) +
         uint32_t(src)) * kLinesPerBlock + uint32_t(line)) * kLineBytes);
 }
-static_assert(ScratchBytes(kMaxRanks) <= (std::size_t(1) << 31),
-              "ScratchOffset's 32-bit arithmetic");
 
-enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
+// Two-shot LL geometry (kernels/two_shot_ll.cuh, which states the protocol).
+// Largest payload per rank: 4 MiB.
+inline constexpr std::size_t kTwoShotMaxBytes = std::size_t(4) * 1024 * 1024;
+// Lines of one step: one line per thread of the largest grid. A chunk of more
+// lines takes more than one step per thread.
+inline constexpr uint32_t kTwoShotStepLines = uint32_t(kMaxBlocks) * kLinesPerBlock;
+// The phases, each with a region of its own: reduce-scatter, all-gather.
+inline constexpr int kTwoShotReduceScatter = 0;
+inline constexpr int kTwoShotAllGather = 1;
+inline constexpr int kTwoShotPhases = 2;
 
-// The FFI attribute `algorithm`; the execute handler's launcher table
-// (kernels/kernels.h) is indexed by it.
-enum class Algorithm : int32_t { kOneShotLL = 1 };
+// Chunk `owner` of a payload of `lines` LL lines cut into `world` chunks as
+// equal as possible: the first lines % world chunks have one line more, so
+// chunk 0 is the largest and, for lines >= 1, never empty.
+struct TwoShotChunk {
+  uint32_t start, lines;
+};
+LLAR_HOST_DEVICE constexpr TwoShotChunk TwoShotChunkOf(uint32_t lines, int world, int owner) {
+  const uint32_t base = lines / uint32_t(world);
+  const uint32_t extra = lines % uint32_t(world);
+  const uint32_t o = uint32_t(owner);
+  return {o * base + (o < extra ? o : extra), base + (o < extra ? 1u : 0u)};
+}
+
+// Steps per thread the two-shot's region holds for `world` ranks: enough for
+// the largest chunk of kTwoShotMaxBytes (8 for 2 ranks, 1 for 16).
+LLAR_HOST_DEVICE constexpr uint32_t TwoShotMaxSteps(int world) {
+  const uint32_t lines = uint32_t(kTwoShotMaxBytes / kPayloadBytesPerLine);
+  const uint32_t chunk = (lines + uint32_t(world) - 1) / uint32_t(world);
+  return (chunk + kTwoShotStepLines - 1) / kTwoShotStepLines;
+}
+
+// Bytes of the two-shot's region per rank: steps x two halves x two phases x
+// source ranks x kTwoShotStepLines lines x 16 B (32 MiB for 2, 4, 8 or 16
+// ranks; 36 MiB for 3). It follows the one-shot's region.
+constexpr std::size_t TwoShotScratchBytes(int world) {
+  return std::size_t(TwoShotMaxSteps(world)) * 2 * kTwoShotPhases * std::size_t(world) *
+         kTwoShotStepLines * kLineBytes;
+}
+
+// Bytes of symmetric scratch per rank for a group of `world` ranks that
+// serves `algorithm` and every algorithm before it (Algorithm order: each
+// region follows the previous one). This is all the scratch a communicator
+// allocates (registry.cc) and the loopback harness gives each simulated rank.
+constexpr std::size_t ScratchBytes(int world, Algorithm algorithm) {
+  return OneShotScratchBytes(world) +
+         (algorithm == Algorithm::kTwoShotLL ? TwoShotScratchBytes(world) : 0);
+}
+
+// Byte offset of the slot (step, half, phase, src, block, thread t) in a
+// rank's scratch: in the two-shot region, after the one-shot's. Its position
+// depends only on (step, block, t) besides the half, the phase and the
+// source, never on the grid of the call, so the slot always belongs to warp
+// (block, t / 32) (two_shot_ll.cuh). 32-bit arithmetic as ScratchOffset.
+LLAR_HOST_DEVICE constexpr uint32_t TwoShotOffset(int step, int half, int phase, int world,
+                                                  int src, int block, int t) {
+  return uint32_t(world) * (2u * kMaxBlocks * kLinesPerBlock * kLineBytes) +
+         ((((((uint32_t(step) * 2 + uint32_t(half)) * kTwoShotPhases + uint32_t(phase)) *
+                 uint32_t(world) + uint32_t(src)) * kMaxBlocks + uint32_t(block)) *
+               kLinesPerBlock + uint32_t(t)) * kLineBytes);
+}
+
+constexpr bool ScratchFits32Bits() {
+  for (int w = 2; w <= kMaxRanks; ++w) {
+    if (ScratchBytes(w, Algorithm::kTwoShotLL) > (std::size_t(1) << 31)) return false;
+  }
+  return true;
+}
+static_assert(ScratchFits32Bits(), "ScratchOffset's and TwoShotOffset's 32-bit arithmetic");
+
+// The per-device state words (device memory, zeroed at creation): the
+// one-shot's kEpochCounters epoch counters, the error claim word, then the
+// two-shot's kEpochCounters counters (two_shot_ll.cuh says why it has its own).
+inline constexpr int kClaimWord = kEpochCounters;
+inline constexpr int kTwoShotEpochs = kEpochCounters + 1;
+inline constexpr int kStateWords = 2 * kEpochCounters + 1;
 
 // Filled by the first thread whose bounded wait runs out, in host-mapped
 // memory, so the host can read it even after the kernel has trapped.
@@ -79,7 +155,8 @@ struct ErrorRecord {
   int32_t rank;            // rank that waited
   int32_t peer;            // rank whose line never arrived
   int32_t block;           // block index (owner of the scratch region)
-  int32_t line;            // line index inside the block's region
+  int32_t line;            // line index inside the block's region (two-shot:
+                           // the payload's line index)
   uint32_t flag_expected;  // flag word the epoch asks for
   uint32_t flag_seen;      // flag words last read (first of the two)
   uint32_t flag_seen2;     // second flag word last read

@@ -76,6 +76,25 @@ LLAR_API cudaError_t LaunchOneShotLLAddRmsNorm(AddRmsNormArgs args, DType dtype,
                                                DType weight, cudaStream_t stream);
 LLAR_API cudaError_t PreloadOneShotLLAddRmsNorm();
 
+// two_shot_ll.cu: the two-shot LL all-reduce (two_shot_ll.cuh), payloads up
+// to kTwoShotMaxBytes per rank.
+//
+// Grid for a payload of `lines` LL lines over `world` ranks (host, loopback
+// harness and tests use the same rule): the largest chunk, c =
+// TwoShotChunkOf(lines, world, 0).lines (args.h), spread over up to
+// kMaxBlocks blocks of about kTwoShotBlockLines chunk lines each (the
+// one-shot's 64, not measured for the two-shot yet); lines_per_block =
+// ceil(c / blocks) chunk lines per block, threads = that rounded up to a
+// warp, at most kMaxThreads, and steps = ceil(lines_per_block / threads)
+// lines per thread and chunk (at most TwoShotMaxSteps(world)).
+inline constexpr uint32_t kTwoShotBlockLines = 64;
+struct TwoShotGrid {
+  uint32_t blocks, lines_per_block, threads, steps;
+};
+LLAR_API TwoShotGrid TwoShotGridFor(uint32_t lines, int world);
+LLAR_API cudaError_t LaunchTwoShotLL(AllReduceArgs args, DType dtype, cudaStream_t stream);
+LLAR_API cudaError_t PreloadTwoShotLL();
+
 // The algorithms, indexed by the FFI attribute `algorithm` (Algorithm in
 // args.h); entry 0 is no algorithm. `name` is the key of the Python module's
 // ALGORITHMS and MAX_BYTES; `max_bytes` the largest payload per rank.
@@ -87,10 +106,12 @@ struct AlgorithmEntry {
 inline constexpr AlgorithmEntry kAlgorithms[] = {
     {nullptr, nullptr, 0},
     {"one_shot_ll", &LaunchOneShotLL, kOneShotMaxBytes},  // Algorithm::kOneShotLL
+    {"two_shot_ll", &LaunchTwoShotLL, kTwoShotMaxBytes},  // Algorithm::kTwoShotLL
 };
 inline constexpr int64_t kAlgorithmCount =
     static_cast<int64_t>(sizeof(kAlgorithms) / sizeof(kAlgorithms[0]));
 static_assert(static_cast<int64_t>(Algorithm::kOneShotLL) == 1, "kAlgorithms order");
+static_assert(static_cast<int64_t>(Algorithm::kTwoShotLL) == 2, "kAlgorithms order");
 
 // The table entry of `algorithm`, or nullptr outside the table.
 inline const AlgorithmEntry* FindAlgorithm(int64_t algorithm) {

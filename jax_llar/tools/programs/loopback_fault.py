@@ -31,6 +31,7 @@ def main(argv: list[str]) -> int:
   spec = json.loads(argv[1])
   import numpy as np
 
+  from jax_llar.algorithms import Algorithm
   from jax_llar.tools import _native
   from jax_llar.tools import loopback_harness as lh
 
@@ -41,8 +42,11 @@ def main(argv: list[str]) -> int:
     os._exit(0)  # pylint: disable=protected-access
   case = lh.Case(spec["world"], spec["dtype"], spec["n_bytes"], spec["start_epoch"])
   code = mod.DTYPE_CODES[str(case.np_dtype)]
+  algorithm = int(Algorithm.from_short_name(spec.get("algorithm", "one_shot_ll")))
   plan = dict(mod.loopback_plan(case.world, case.n_bytes, code, calls=spec["calls"],
-                                keep=1, n_sets=spec["sets"], generic=spec["generic"],
+                                keep=1, n_sets=spec["sets"],
+                                algorithm=algorithm,
+                                generic=spec["generic"],
                                 block_lines=spec["block_lines"], ordinal=spec["device"]))
   if not plan["co_resident"]:
     out = {"skipped": f"not co-resident: {case.world} x {plan['blocks']} blocks of "
@@ -52,7 +56,9 @@ def main(argv: list[str]) -> int:
     rng = np.random.default_rng(spec["seed"])
     inputs = lh.make_inputs(rng, case, spec["sets"], specials=False)
     r = mod.loopback(np.ascontiguousarray(inputs).view(np.uint8), code, spec["calls"],
-                     sync=spec["sync"], keep=1, generic=spec["generic"],
+                     sync=spec["sync"], keep=1,
+                     algorithm=algorithm,
+                     generic=spec["generic"],
                      block_lines=spec["block_lines"], timeout_ms=float(spec["timeout_ms"]),
                      start_epoch=spec["start_epoch"], misalign=spec["misalign"],
                      skip_rank=spec["skip_rank"], skip_call=spec["skip_call"],

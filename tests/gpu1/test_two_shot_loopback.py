@@ -1,0 +1,90 @@
+"""The two-shot LL all-reduce on the loopback harness (one GPU, every rank
+simulated on it): ``python -m jax_llar.tools.loopback --algorithm=two_shot_ll``.
+
+Sizes below, at and beyond the one-shot limit up to the two-shot's 4 MiB,
+element and line counts not divisible by the number of ranks (chunks of
+unequal length, payloads of fewer lines than ranks), 50 calls, synchronised
+and not, from epoch 0, across the re-zeroing window and across the 32-bit
+flag wrap. What passes here is the protocol logic and the reduction, not
+NVLink: every store is local to the one GPU.
+"""
+
+from __future__ import annotations
+
+from test_loopback import run_tool, statuses
+
+TWO = "--algorithm=two_shot_ll"
+# 1 element (fewer lines than ranks), odd tails, non-divisible line counts,
+# beyond the one-shot limit, several steps per thread, the two-shot limit.
+SIZES = "4,6,100,4100,65540,262148,1048580,4194304"
+
+
+def _problems(record):
+  """Rows that neither passed nor were skipped for a reason the harness
+  states (not a whole number of elements; grids not co-resident)."""
+  bad = []
+  for r in record["rows"]:
+    if r["status"] == "pass":
+      continue
+    reason = r.get("reason", "")
+    if r["status"] == "skipped" and ("whole number" in reason or "co-resident" in reason):
+      continue
+    bad.append(r)
+  return bad
+
+
+def _passed(record):
+  return {(r["world_size"], r["dtype"], r["bytes_per_rank"], r["start_epoch"])
+          for r in record["rows"] if r["status"] == "pass"}
+
+
+def test_two_shot_synchronised(tmp_path):
+  """Worlds 2, 3, 4, 8 (the kernels for 2, 4, 8 ranks and the generic one),
+  every dtype, 50 calls, from epoch 0 and across the flag wrap (and the
+  re-zeroing window just before it)."""
+  rc, record, tail = run_tool(tmp_path, TWO, "--worlds=2,3,4,8",
+                              "--dtypes=float32,bfloat16,float16,int32",
+                              f"--sizes={SIZES}", "--calls=50",
+                              "--start_epochs=0,4294967270", timeout=1800)
+  assert record is not None, tail
+  assert rc == 0 and not _problems(record), tail
+  passed = _passed(record)
+  for world in (2, 3, 4):
+    for dtype in ("float32", "bfloat16", "float16", "int32"):
+      for n in (4, 100, 4100, 65540, 262148, 1048580):
+        for e in (0, 4294967270):
+          assert (world, dtype, n, e) in passed, (world, dtype, n, e, tail)
+  assert (2, "float32", 4194304, 0) in passed, tail
+  assert {(8, "float32", n, 0) for n in (4, 100, 4100, 65540, 262148)} <= passed, tail
+  assert all(r["impl"] == "loopback.two_shot_ll" for r in record["rows"])
+  kernels = {(r["world_size"], r["kernel"]) for r in record["rows"] if r["status"] == "pass"}
+  assert {(2, "world 2"), (4, "world 4"), (8, "world 8"), (3, "generic")} <= kernels
+
+
+def test_two_shot_ranks_running_ahead_and_misaligned(tmp_path):
+  """No synchronisation between calls (ranks run calls ahead of each other,
+  both regions and both halves in use at once), 8-byte misaligned buffers
+  (the byte-wise path), across the re-zeroing window."""
+  rc, record, tail = run_tool(tmp_path, TWO, "--worlds=2,3,4,8", "--dtypes=float32,bfloat16",
+                              f"--sizes={SIZES}", "--calls=50", "--no_sync",
+                              "--misalign=4", "--start_epochs=0,1073741800")
+  assert record is not None, tail
+  assert rc == 0 and not _problems(record), tail
+  passed = _passed(record)
+  for world in (2, 3, 4):
+    for n in (4, 100, 4100, 65540, 262148, 1048580):
+      assert (world, "float32", n, 1073741800) in passed, (world, n, tail)
+
+
+def test_two_shot_rank_left_out_ends_in_the_bounded_wait_error(tmp_path):
+  """Rank 2 misses one call: every other rank ends in the bounded wait's
+  report (naming rank 2, or a chunk owner whose reduction waits for it), at
+  that call's epoch, within the timeout; never a hang."""
+  rc, record, tail = run_tool(tmp_path, TWO, "--skip_rank=2", "--skip_call=3", "--calls=6",
+                              "--worlds=3,8", "--dtypes=float32", "--sizes=1024,262148",
+                              "--timeout_ms=1000", "--start_epochs=0,4294967293")
+  assert record is not None, tail
+  assert rc == 0 and statuses(record) == {"pass": 8}, tail
+  for row in record["rows"]:
+    assert row["records"] and all(r["peer"] != r["rank"] for r in row["records"]), row
+    assert row["cuda_error"] and not row["deadline_exceeded"], row
