@@ -1,8 +1,11 @@
 """Run-time settings of jax_llar, read from the environment at import.
 
-Every setting can also be changed from Python before the first lowering that
-uses it (``jax_llar.config.settings.timeout_ms = 2000``). Changes apply to
-programs lowered afterwards; compiled programs keep what they were built with.
+Every setting can also be changed from Python
+(``jax_llar.config.settings.disabled = True``). Each change is part of jit's
+cache keys (a JAX user context), so a jitted function is lowered again on
+its next call; an executable already held (``jax.jit(f).lower(x).compile()``)
+keeps what it was built with. ``timeout_ms`` applies to communicator sets
+created afterwards.
 
 Environment variables:
   JAX_LLAR_DISABLE=1        never use the fast path (every psum is lax.psum);
@@ -34,7 +37,10 @@ Environment variables:
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
+
+import jax
 
 from jax_llar.algorithms import LARGEST_MAX_BYTES, MAX_BYTES, Algorithm
 
@@ -101,20 +107,33 @@ class Settings:
       names = ["auto"] + [a.short_name for a in Algorithm]
       if value not in names:
         raise ValueError(f"algorithm must be one of {names}, got {value!r}")
-    if name == "timeout_ms" and (not isinstance(value, int) or value <= 0):
+    if name in ("timeout_ms", "max_bytes"):
+      if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+      value = int(value)
+    if name == "timeout_ms" and value <= 0:
       raise ValueError(f"timeout_ms must be a positive int (milliseconds), got {value!r}")
-    if name == "max_bytes" and (not isinstance(value, int) or
-                                not 0 <= value <= MAX_BYTES_CAP):
+    if name == "max_bytes" and not 0 <= value <= MAX_BYTES_CAP:
       raise ValueError(f"max_bytes must be an int in 0..{MAX_BYTES_CAP}, got {value!r}")
     if name == "disabled":
+      if not isinstance(value, (bool, numbers.Integral)):
+        raise ValueError(f"disabled must be a bool, got {value!r}")
       value = bool(value)
     super().__setattr__(name, value)
+    # Every change is part of jit's cache keys: programs lowered before it
+    # are lowered again on their next call.
+    _generation.set_global(_generation.get_global() + 1)
 
   def forced(self) -> Algorithm | None:
     """The algorithm `algorithm` names, or None for "auto"."""
     if self.algorithm == "auto":
       return None
     return Algorithm.from_short_name(self.algorithm)
+
+
+# Bumped by every assignment to a setting; a JAX user context, so part of
+# jit's tracing, lowering and compilation cache keys.
+_generation = jax.make_user_context(default_value=0)
 
 
 def _from_env() -> Settings:

@@ -248,3 +248,39 @@ def test_algorithm_setting_from_the_environment():
   p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                      text=True)
   assert p.returncode != 0 and "algorithm must be one of" in p.stderr
+
+
+def test_a_settings_change_relowers_jitted_functions():
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.sharding import Mesh, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+  traces = []
+
+  def body(v):
+    traces.append(1)
+    return jax_llar.psum(v, "x")
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P()))
+  x = np.ones(4, np.float32)
+  f(x)
+  jax_llar.clear_dispatch_log()
+  try:
+    llar_settings.disabled = True
+    f(x)
+    assert [d.reason for d in jax_llar.dispatch_log()] == ["disabled"]
+  finally:
+    llar_settings.disabled = False
+  assert len(traces) == 2
+
+
+def test_settings_reject_values_of_the_wrong_kind():
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  for name, bad in (("disabled", "false"), ("timeout_ms", True), ("max_bytes", 1.5)):
+    with pytest.raises(ValueError, match=name):
+      setattr(llar_settings, name, bad)
+  old = llar_settings.max_bytes
+  try:
+    llar_settings.max_bytes = np.int64(1024)
+    assert llar_settings.max_bytes == 1024 and type(llar_settings.max_bytes) is int
+  finally:
+    llar_settings.max_bytes = old
