@@ -38,6 +38,10 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 README_SECTION = 'the README section "Getting the speed in loops"'
 
 
+def _n(count: int, noun: str) -> str:
+  return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Finding:
   """One psum inside a rolled loop.
@@ -83,8 +87,8 @@ class Finding:
     at = f" at {self.where}" if self.where else ""
     via = f"jax_llar ({self.requested})" if self.requested else "JAX's lowering"
     return (f"{self.primitive} [{via}]{at}: in the {place} of a rolled {self.loop} "
-            f"({trips}, unroll {self.unroll}, {self.psums_per_trip} psum(s) per trip, "
-            f"{self.body_equations} equations in the body, {self.depth} rolled "
+            f"({trips}, unroll {self.unroll}, {_n(self.psums_per_trip, 'psum')} per "
+            f"trip, {_n(self.body_equations, 'equation')} in the body, {self.depth} rolled "
             f"loop(s) deep). {self.advice}")
 
 
@@ -256,9 +260,13 @@ def explain(fun: Callable, *args, **kwargs) -> list[Finding]:
 
     >>> step = lambda i, v: jax_llar.psum(v, "x") * 0.5
     >>> f = jax.jit(jax.shard_map(lambda v: lax.fori_loop(0, 64, step, v),
-    ...                           mesh=mesh, in_specs=P("x"), out_specs=P("x")))
-    >>> [str(x) for x in jax_llar.explain(f, jnp.ones(8))]  # doctest: +SKIP
-    ['psum_invariant [jax_llar (psum)] at ...: in the body of a rolled scan (64 trips, unroll 1, ...']
+    ...                           mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+    ...                           check_vma=False))
+    >>> [str(x) for x in jax_llar.explain(f, jnp.ones(8))]
+    ['psum [jax_llar (psum)] at ...: in the body of a rolled scan (64 trips, unroll 1, ...']
+
+  (``check_vma=False``: a psum makes the carry invariant, which a loop
+  whose carry goes in varying rejects under ``check_vma``.)
   """
   closed = jax.make_jaxpr(fun)(*args, **kwargs)
   findings: list[Finding] = []

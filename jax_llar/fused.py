@@ -38,7 +38,7 @@ from jax_llar import algorithms, log, lowering
 from jax_llar import psum as psum_lib
 
 
-def reference(x, residual, weight, axis_name, eps: float):
+def reference(x, residual, weight, axis_name, eps: float = 1e-6):
   """The meaning of `psum_add_rms_norm`: the unfused JAX code.
 
   new_residual = jax_llar.psum(x, axis_name) + residual, in x's dtype (each
@@ -183,18 +183,30 @@ def lower_reference(ctx, x, residual, weight, *, axes, eps):
   return mlir.lower_fun(_ref(axes, eps), multiple_results=True)(ctx, x, residual, weight)
 
 
-def _lower_cuda(ctx, x, residual, weight, *, axes, eps):
-  """CUDA: the fused kernel where `decide` allows it, else the reference."""
+def _decide(ctx, axes, platform: str) -> log.Decision:
   x_aval, _, w_aval = ctx.avals_in
   refusal = None
   if core.is_constant_shape(x_aval.shape):  # else decide() refuses it first
     refusal = algorithms.add_rms_norm_refusal(x_aval.shape, x_aval.dtype, w_aval.dtype)
   for_export = bool(getattr(ctx.module_context.lowering_parameters, "for_export",
                             False))
-  decision = lowering.decide(ctx.module_context.axis_context, x_aval, axes,
-                             platform="cuda", source="psum", for_export=for_export,
-                             op="psum_add_rms_norm", shape_refusal=refusal)
-  if not decision.fast:
+  return lowering.decide(ctx.module_context.axis_context, x_aval, axes,
+                         platform=platform, source="psum", for_export=for_export,
+                         op="psum_add_rms_norm", shape_refusal=refusal)
+
+
+def _lower_default(ctx, x, residual, weight, *, axes, eps):
+  """Every platform but CUDA: records what CUDA GPUs would do (the fused
+  kernel's candidate, or why not), then lowers the reference."""
+  platforms = [p for p in ctx.module_context.platforms if p != "cuda"]
+  _decide(ctx, axes, ", ".join(platforms) or "this platform")
+  return lower_reference(ctx, x, residual, weight, axes=axes, eps=eps)
+
+
+def _lower_cuda(ctx, x, residual, weight, *, axes, eps):
+  """CUDA: the fused kernel where `decide` allows it, else the reference."""
+  decision = _decide(ctx, axes, "cuda")
+  if not decision.fast or decision.algorithm != algorithms.Algorithm.ONE_SHOT_LL:
     return lower_reference(ctx, x, residual, weight, axes=axes, eps=eps)
   return _fused_call(ctx, x, residual, weight, decision, eps)
 
@@ -210,5 +222,5 @@ def _fused_call(ctx, x, residual, weight, decision: log.Decision, eps: float):
         comm_key=np.int64(decision.comm_key), eps=np.float32(eps))
 
 
-mlir.register_lowering(psum_add_rms_norm_p, lower_reference)
+mlir.register_lowering(psum_add_rms_norm_p, _lower_default)
 mlir.register_lowering(psum_add_rms_norm_p, _lower_cuda, platform="cuda")

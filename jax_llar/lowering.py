@@ -227,8 +227,10 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
   if symbolic:
     return record("symbolic_shape", "a shape with symbolic dimensions (jax.export "
                   "shape polymorphism): the fast path needs sizes known at lowering")
+  # The fused op has one kernel, on the one-shot exchange: the forced
+  # algorithm is the psum's.
   choice = policy.choose(dtype, nbytes, world, max_bytes=settings.max_bytes,
-                         force=settings.forced())
+                         force=settings.forced() if op == "psum" else None)
   if choice.algorithm is None:
     return record(choice.reason, choice.detail)
   if shape_refusal is not None:

@@ -205,3 +205,15 @@ def test_explain_finds_the_fused_op_in_a_rolled_loop():
                     check_vma=False)
   found = jax_llar.explain(f, jax.device_put(x, NamedSharding(mesh, P("x"))), r, w)
   assert [x.primitive for x in found] == ["llar_psum_add_rms_norm"]
+
+
+def test_cpu_decisions_say_what_gpus_would_do_for_the_fused_op():
+  mesh = mesh_of((2,), ("x",))
+  for d, reason in ((64, "platform"), (3, "shape")):
+    jax_llar.clear_dispatch_log()
+    x, r, w = _data(np.random.default_rng(d), 2, 4, d, BF16)
+    _run(lambda x, r, w: jax_llar.psum_add_rms_norm(x, r, w, "x"), mesh, x, r, w)
+    (f,) = [e for e in jax_llar.dispatch_log() if e.op == "psum_add_rms_norm"]
+    assert f.reason == reason and f.impl == "reference", f
+    if reason == "platform":
+      assert "fused one_shot_ll + add + RMSNorm kernel" in f.detail
