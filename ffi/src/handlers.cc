@@ -46,6 +46,11 @@ bool ToDType(ffi::DataType t, DType* out) {
   }
 }
 
+ffi::Error NoCommunicator(int64_t comm_id, int32_t ordinal) {
+  return ffi::Error::InvalidArgument("jax_llar: no communicator " + std::to_string(comm_id) +
+                                     " on CUDA device " + std::to_string(ordinal));
+}
+
 ffi::Error AllReduceInstantiate(int64_t comm_id, int64_t comm_key,
                                 int64_t algorithm) {
   if (comm_id <= 0 || KeyOf(comm_id) != comm_key) {
@@ -66,11 +71,7 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
                             int64_t comm_id, int64_t comm_key, int64_t algorithm) {
   (void)comm_key;  // checked at instantiate
   const DeviceContext* ctx = Lookup(comm_id, ordinal);
-  if (ctx == nullptr) {
-    return ffi::Error::InvalidArgument(
-        "jax_llar: no communicator " + std::to_string(comm_id) +
-        " on CUDA device " + std::to_string(ordinal));
-  }
+  if (ctx == nullptr) return NoCommunicator(comm_id, ordinal);
   const AlgorithmEntry* entry = FindAlgorithm(algorithm);  // instantiate checked it
   if (entry == nullptr) {
     return ffi::Error::InvalidArgument("jax_llar: unknown algorithm " +
@@ -129,11 +130,7 @@ ffi::Error AddRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffe
                              int64_t comm_key, float eps) {
   (void)comm_key;  // checked at instantiate
   const DeviceContext* ctx = Lookup(comm_id, ordinal);
-  if (ctx == nullptr) {
-    return ffi::Error::InvalidArgument(
-        "jax_llar: no communicator " + std::to_string(comm_id) +
-        " on CUDA device " + std::to_string(ordinal));
-  }
+  if (ctx == nullptr) return NoCommunicator(comm_id, ordinal);
   DType dtype, weight_dtype;
   const auto dims = x.dimensions();
   if (!ToDType(x.element_type(), &dtype) || dtype == DType::kI32 || dims.size() < 1 ||

@@ -92,62 +92,6 @@ int KeptCalls(const LoopbackSpec& s) {
   return keep < run ? keep : run;
 }
 
-std::string CudaErrorText(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-}
-
-// Everything one run allocates. Freed by the destructor unless `leak` (the
-// host deadline passed while kernels may still use it).
-struct Resources {
-  int world = 0;
-  std::vector<char*> scratch;
-  std::vector<uint64_t*> state;       // kStateWords: counters and the claim word (args.h)
-  std::vector<PeerTable*> tables;     // device copies
-  std::vector<ErrorRecord*> records;  // host-mapped
-  std::vector<cudaStream_t> streams;
-  char* inputs = nullptr;             // n_sets x world slots
-  char* outputs = nullptr;            // (kept + 1) x world slots; the last: discarded calls
-  bool leak = false;
-
-  explicit Resources(int w)
-      : world(w), scratch(w), state(w), tables(w), records(w), streams(w) {}
-  ~Resources() {
-    if (leak) return;
-    // After a trap the context is lost and these fail; nothing to do then.
-    for (int r = 0; r < world; ++r) {
-      if (streams[r] != nullptr) (void)cudaStreamDestroy(streams[r]);
-      if (scratch[r] != nullptr) (void)cudaFree(scratch[r]);
-      if (state[r] != nullptr) (void)cudaFree(state[r]);
-      if (tables[r] != nullptr) (void)cudaFree(tables[r]);
-      if (records[r] != nullptr) (void)cudaFreeHost(records[r]);
-    }
-    if (inputs != nullptr) (void)cudaFree(inputs);
-    if (outputs != nullptr) (void)cudaFree(outputs);
-    (void)cudaGetLastError();
-  }
-  Resources(const Resources&) = delete;
-  Resources& operator=(const Resources&) = delete;
-};
-
-// Polls every stream until all are idle, one fails, or `deadline` passes.
-// Returns cudaSuccess, the first error, or cudaErrorNotReady at the deadline.
-cudaError_t WaitStreams(const std::vector<cudaStream_t>& streams, Clock::time_point deadline) {
-  while (true) {
-    bool idle = true;
-    for (cudaStream_t s : streams) {
-      const cudaError_t e = cudaStreamQuery(s);
-      if (e == cudaErrorNotReady) {
-        idle = false;
-      } else if (e != cudaSuccess) {
-        return e;
-      }
-    }
-    if (idle) return cudaSuccess;
-    if (Clock::now() > deadline) return cudaErrorNotReady;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-}
-
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -253,53 +197,18 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
   // As CreateGroup: no lazy module load once kernels that wait on each other run.
   CheckCuda(PreloadOneShotLL(), "loading the one-shot kernels");
   CheckCuda(PreloadTwoShotLL(), "loading the two-shot kernels");
-  Resources rs(W);
-
-  // Set-up: what CreateGroup (registry.cc) gives each rank, on one device.
-  // The regions of the algorithm under test and of those before it (args.h).
-  const size_t scratch_bytes = ScratchBytes(W, static_cast<Algorithm>(s.algorithm));
-  const size_t state_bytes = sizeof(uint64_t) * kStateWords;
-  const std::vector<uint64_t> epochs(kEpochCounters, s.start_epoch);
-  for (int r = 0; r < W; ++r) {
-    CheckCuda(cudaMalloc(&rs.scratch[r], scratch_bytes), "cudaMalloc(scratch)");
-    CheckCuda(cudaMemset(rs.scratch[r], 0, scratch_bytes), "cudaMemset(scratch)");
-    CheckCuda(cudaMalloc(&rs.state[r], state_bytes), "cudaMalloc(epochs)");
-    CheckCuda(cudaMemset(rs.state[r], 0, state_bytes), "cudaMemset(epochs)");
-    for (const int set : {0, kTwoShotEpochs}) {  // both sets of counters
-      if (s.start_epoch == 0) break;
-      CheckCuda(cudaMemcpy(rs.state[r] + set, epochs.data(), sizeof(uint64_t) * kEpochCounters,
-                           cudaMemcpyHostToDevice),
-                "cudaMemcpy(epochs)");
-    }
-    CheckCuda(cudaMalloc(&rs.tables[r], sizeof(PeerTable)), "cudaMalloc(peer table)");
-    CheckCuda(cudaHostAlloc(reinterpret_cast<void**>(&rs.records[r]), sizeof(ErrorRecord),
-                            cudaHostAllocMapped | cudaHostAllocPortable),
-              "cudaHostAlloc(error record)");
-    std::memset(rs.records[r], 0, sizeof(ErrorRecord));
-    CheckCuda(cudaStreamCreateWithFlags(&rs.streams[r], cudaStreamNonBlocking),
-              "cudaStreamCreateWithFlags");
-  }
-  for (int r = 0; r < W; ++r) {
-    PeerTable table{};
-    for (int p = 0; p < W; ++p) table.scratch[p] = rs.scratch[p];
-    table.error_claim = reinterpret_cast<int32_t*>(rs.state[r] + kClaimWord);
-    CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table.error), rs.records[r], 0),
-              "cudaHostGetDevicePointer");
-    table.timeout_ns = s.timeout_ns;
-    table.trace = nullptr;
-    CheckCuda(cudaMemcpy(rs.tables[r], &table, sizeof(table), cudaMemcpyHostToDevice),
-              "cudaMemcpy(peer table)");
-  }
+  SimulatedRanks rs(W, ScratchBytes(W, static_cast<Algorithm>(s.algorithm)), s.start_epoch,
+                    s.timeout_ns);
   // Inputs: set i of rank r in slot i * W + r. Outputs: kept call k of rank r
   // in slot k * W + r, and every earlier call of rank r in slot kept * W + r.
   const size_t in_slots = static_cast<size_t>(n_sets) * W;
   const size_t out_slots = static_cast<size_t>(res.kept + 1) * W;
-  CheckCuda(cudaMalloc(&rs.inputs, in_slots * stride), "cudaMalloc(inputs)");
-  CheckCuda(cudaMalloc(&rs.outputs, out_slots * stride), "cudaMalloc(outputs)");
-  CheckCuda(cudaMemcpy2D(rs.inputs + s.misalign, stride, inputs, s.n_bytes, s.n_bytes, in_slots,
+  char* d_inputs = rs.Alloc(in_slots * stride, "cudaMalloc(inputs)");
+  char* d_outputs = rs.Alloc(out_slots * stride, "cudaMalloc(outputs)");
+  CheckCuda(cudaMemcpy2D(d_inputs + s.misalign, stride, inputs, s.n_bytes, s.n_bytes, in_slots,
                          cudaMemcpyHostToDevice),
             "cudaMemcpy2D(inputs)");
-  CheckCuda(cudaMemset(rs.outputs, kPoison, out_slots * stride), "cudaMemset(outputs)");
+  CheckCuda(cudaMemset(d_outputs, kPoison, out_slots * stride), "cudaMemset(outputs)");
   CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after the set-up)");
 
   const bool production = !s.generic && s.block_lines == 0;
@@ -320,8 +229,8 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
     for (int r = 0; r < W; ++r) {
       if (c == s.skip_call && r == s.skip_rank) continue;
       AllReduceArgs a{};
-      a.in = rs.inputs + (set * W + r) * stride + s.misalign;
-      a.out = rs.outputs + (out_row * W + r) * stride + s.misalign;
+      a.in = d_inputs + (set * W + r) * stride + s.misalign;
+      a.out = d_outputs + (out_row * W + r) * stride + s.misalign;
       a.epochs = rs.state[r];
       a.peers = rs.tables[r];
       a.n_bytes = s.n_bytes;
@@ -336,7 +245,7 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
     // After a failed launch the ranks launched before it still run (and, when
     // they wait for the missing one, fail): wait for them too.
     if (s.sync_between_calls || c + 1 == run_calls || launch_error != cudaSuccess) {
-      error = WaitStreams(rs.streams, last_launch + timeout);
+      error = rs.Wait(last_launch + timeout);
     }
     if (error != cudaSuccess || launch_error != cudaSuccess) res.failed_call = c;
   }
@@ -344,10 +253,7 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
   res.seconds = Seconds(t0, t1);
 
   // The records are host memory: readable also after a trap.
-  for (int r = 0; r < W; ++r) {
-    std::memcpy(&res.records[r], const_cast<const ErrorRecord*>(rs.records[r]),
-                sizeof(ErrorRecord));
-  }
+  rs.CopyRecords(&res.records);
   std::string launch_text;
   if (launch_error != cudaSuccess) launch_text = "launch: " + CudaErrorText(launch_error);
   if (error == cudaErrorNotReady) {
@@ -369,12 +275,13 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
   // A clean run: outputs and epoch counters.
   res.outputs.resize(static_cast<size_t>(res.kept) * W * s.n_bytes);
   if (res.kept > 0) {
-    error = cudaMemcpy2D(res.outputs.data(), s.n_bytes, rs.outputs + s.misalign, stride,
+    error = cudaMemcpy2D(res.outputs.data(), s.n_bytes, d_outputs + s.misalign, stride,
                          s.n_bytes, static_cast<size_t>(res.kept) * W, cudaMemcpyDeviceToHost);
   }
   std::vector<uint64_t> state(kStateWords);
   for (int r = 0; r < W && error == cudaSuccess; ++r) {
-    error = cudaMemcpy(state.data(), rs.state[r], state_bytes, cudaMemcpyDeviceToHost);
+    error = cudaMemcpy(state.data(), rs.state[r], sizeof(uint64_t) * kStateWords,
+                       cudaMemcpyDeviceToHost);
     if (error == cudaSuccess && res.epoch_mismatch.empty()) {
       res.epoch_mismatch =
           CheckEpochs(state, res.plan, s.start_epoch, run_calls, r, IsTwoShot(s));
@@ -387,6 +294,92 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
   }
   res.epochs_checked = true;
   return res;
+}
+
+std::string CudaErrorText(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
+
+SimulatedRanks::SimulatedRanks(int w, size_t scratch_bytes, uint64_t start_epoch,
+                               uint64_t timeout_ns)
+    : world(w), scratch(w), state(w), tables(w), records(w), streams(w) {
+  const size_t state_bytes = sizeof(uint64_t) * kStateWords;
+  const std::vector<uint64_t> epochs(kEpochCounters, start_epoch);
+  for (int r = 0; r < w; ++r) {
+    CheckCuda(cudaMalloc(&scratch[r], scratch_bytes), "cudaMalloc(scratch)");
+    CheckCuda(cudaMemset(scratch[r], 0, scratch_bytes), "cudaMemset(scratch)");
+    CheckCuda(cudaMalloc(&state[r], state_bytes), "cudaMalloc(epochs)");
+    CheckCuda(cudaMemset(state[r], 0, state_bytes), "cudaMemset(epochs)");
+    for (const int set : {0, kTwoShotEpochs}) {  // both sets of counters
+      if (start_epoch == 0) break;
+      CheckCuda(cudaMemcpy(state[r] + set, epochs.data(), sizeof(uint64_t) * kEpochCounters,
+                           cudaMemcpyHostToDevice),
+                "cudaMemcpy(epochs)");
+    }
+    CheckCuda(cudaMalloc(&tables[r], sizeof(PeerTable)), "cudaMalloc(peer table)");
+    CheckCuda(cudaHostAlloc(reinterpret_cast<void**>(&records[r]), sizeof(ErrorRecord),
+                            cudaHostAllocMapped | cudaHostAllocPortable),
+              "cudaHostAlloc(error record)");
+    std::memset(records[r], 0, sizeof(ErrorRecord));
+    CheckCuda(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking),
+              "cudaStreamCreateWithFlags");
+  }
+  for (int r = 0; r < w; ++r) {
+    PeerTable table{};
+    for (int p = 0; p < w; ++p) table.scratch[p] = scratch[p];
+    table.error_claim = reinterpret_cast<int32_t*>(state[r] + kClaimWord);
+    CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table.error), records[r], 0),
+              "cudaHostGetDevicePointer");
+    table.timeout_ns = timeout_ns;
+    CheckCuda(cudaMemcpy(tables[r], &table, sizeof(table), cudaMemcpyHostToDevice),
+              "cudaMemcpy(peer table)");
+  }
+}
+
+SimulatedRanks::~SimulatedRanks() {
+  if (leak) return;
+  // After a trap the context is lost and these fail; nothing to do then.
+  for (int r = 0; r < world; ++r) {
+    if (streams[r] != nullptr) (void)cudaStreamDestroy(streams[r]);
+    if (scratch[r] != nullptr) (void)cudaFree(scratch[r]);
+    if (state[r] != nullptr) (void)cudaFree(state[r]);
+    if (tables[r] != nullptr) (void)cudaFree(tables[r]);
+    if (records[r] != nullptr) (void)cudaFreeHost(records[r]);
+  }
+  for (char* b : buffers) (void)cudaFree(b);
+  (void)cudaGetLastError();
+}
+
+char* SimulatedRanks::Alloc(size_t bytes, const char* what) {
+  char* p = nullptr;
+  CheckCuda(cudaMalloc(&p, bytes), what);
+  buffers.push_back(p);
+  return p;
+}
+
+cudaError_t SimulatedRanks::Wait(std::chrono::steady_clock::time_point deadline) const {
+  while (true) {
+    bool idle = true;
+    for (cudaStream_t s : streams) {
+      const cudaError_t e = cudaStreamQuery(s);
+      if (e == cudaErrorNotReady) {
+        idle = false;
+      } else if (e != cudaSuccess) {
+        return e;
+      }
+    }
+    if (idle) return cudaSuccess;
+    if (std::chrono::steady_clock::now() > deadline) return cudaErrorNotReady;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void SimulatedRanks::CopyRecords(std::vector<ErrorRecord>* out) const {
+  // Host memory: readable also after a trap.
+  out->resize(world);
+  for (int r = 0; r < world; ++r) {
+    std::memcpy(&(*out)[r], const_cast<const ErrorRecord*>(records[r]), sizeof(ErrorRecord));
+  }
 }
 
 }  // namespace llar

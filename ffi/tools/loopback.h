@@ -43,6 +43,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -54,6 +56,43 @@ namespace llar {
 // Beyond twice the kernel timeout (which covers the trap's wait for the
 // published report), how long the host waits for the streams.
 inline constexpr uint64_t kHostMarginNs = 5'000'000'000ull;
+
+// What both loopback harnesses (this one and loopback_add_rms_norm.h) give
+// every simulated rank, on the current device, as CreateGroup (registry.cc)
+// gives a real rank: a zeroed scratch of `scratch_bytes`, the kStateWords
+// state words zeroed with every epoch counter of both sets (args.h) at
+// `start_epoch` (as SetEpochForTesting), a host-mapped zeroed ErrorRecord, a
+// PeerTable whose scratch[p] is simulated rank p's scratch with the bound
+// `timeout_ns`, and a non-blocking stream. Everything is freed by the
+// destructor unless `leak` (the host deadline passed while kernels may still
+// use it). Throws std::runtime_error for a CUDA failure.
+struct SimulatedRanks {
+  int world = 0;
+  std::vector<char*> scratch;
+  std::vector<uint64_t*> state;       // kStateWords: counters and the claim word
+  std::vector<PeerTable*> tables;     // device copies
+  std::vector<ErrorRecord*> records;  // host-mapped
+  std::vector<cudaStream_t> streams;
+  std::vector<char*> buffers;         // what Alloc gave out
+  bool leak = false;
+
+  SimulatedRanks(int world, size_t scratch_bytes, uint64_t start_epoch, uint64_t timeout_ns);
+  ~SimulatedRanks();
+  SimulatedRanks(const SimulatedRanks&) = delete;
+  SimulatedRanks& operator=(const SimulatedRanks&) = delete;
+
+  // Device memory freed with the rest; `what` names it in an error.
+  char* Alloc(size_t bytes, const char* what);
+  // Polls every rank's stream until all are idle, one fails, or `deadline`
+  // passes: cudaSuccess, the first error, or cudaErrorNotReady at the
+  // deadline.
+  cudaError_t Wait(std::chrono::steady_clock::time_point deadline) const;
+  // Copies each rank's error record into `out` (one per rank).
+  void CopyRecords(std::vector<ErrorRecord>* out) const;
+};
+
+// "cudaErrorX: description".
+std::string CudaErrorText(cudaError_t e);
 
 struct LoopbackSpec {
   int32_t ordinal = 0;          // CUDA device

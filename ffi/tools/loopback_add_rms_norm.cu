@@ -10,11 +10,9 @@
 
 #include <chrono>
 #include <cstddef>
-#include <cstring>
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "errors.h"
@@ -40,10 +38,6 @@ constexpr uint64_t kMaxTimeoutNs = 600'000'000'000ull;
 
 uint32_t ItemSize(DType d) { return d == DType::kF32 ? 4u : 2u; }
 
-std::string CudaErrorText(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-}
-
 void Validate(const FusedLoopbackSpec& s, AddRmsNormGrid* grid) {
   if (s.world < 2 || s.world > kMaxRanks) {
     BadArgument("world must be 2-" + std::to_string(kMaxRanks));
@@ -62,58 +56,6 @@ void Validate(const FusedLoopbackSpec& s, AddRmsNormGrid* grid) {
     BadArgument("the timeout must be 1-600000 ms");
   }
   if (s.calls < 1) BadArgument("calls must be positive");
-}
-
-// Everything one run allocates; freed unless `leak` (kernels may still run).
-struct Resources {
-  int world = 0;
-  std::vector<char*> scratch;
-  std::vector<uint64_t*> state;       // kEpochCounters counters + the claim word
-  std::vector<PeerTable*> tables;
-  std::vector<ErrorRecord*> records;  // host-mapped
-  std::vector<cudaStream_t> streams;
-  std::vector<char*> buffers;         // x, outputs, residual, weight, scratch output
-  bool leak = false;
-
-  explicit Resources(int w) : world(w), scratch(w), state(w), tables(w), records(w), streams(w) {}
-  ~Resources() {
-    if (leak) return;
-    for (int r = 0; r < world; ++r) {
-      if (streams[r] != nullptr) (void)cudaStreamDestroy(streams[r]);
-      if (scratch[r] != nullptr) (void)cudaFree(scratch[r]);
-      if (state[r] != nullptr) (void)cudaFree(state[r]);
-      if (tables[r] != nullptr) (void)cudaFree(tables[r]);
-      if (records[r] != nullptr) (void)cudaFreeHost(records[r]);
-    }
-    for (char* b : buffers) (void)cudaFree(b);
-    (void)cudaGetLastError();
-  }
-  Resources(const Resources&) = delete;
-  Resources& operator=(const Resources&) = delete;
-
-  char* Alloc(size_t bytes, const char* what) {
-    char* p = nullptr;
-    CheckCuda(cudaMalloc(&p, bytes), what);
-    buffers.push_back(p);
-    return p;
-  }
-};
-
-cudaError_t WaitStreams(const std::vector<cudaStream_t>& streams, Clock::time_point deadline) {
-  while (true) {
-    bool idle = true;
-    for (cudaStream_t s : streams) {
-      const cudaError_t e = cudaStreamQuery(s);
-      if (e == cudaErrorNotReady) {
-        idle = false;
-      } else if (e != cudaSuccess) {
-        return e;
-      }
-    }
-    if (idle) return cudaSuccess;
-    if (Clock::now() > deadline) return cudaErrorNotReady;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
 }
 
 // Calls whose grid launched warp w of block b: `calls` fused calls, and as
@@ -210,38 +152,8 @@ FusedLoopbackResult RunFusedLoopback(const FusedLoopbackSpec& s, const std::vect
   // peers' kernels run, so a first launch inside the loop can deadlock.
   CheckCuda(PreloadOneShotLL(), "loading the one-shot kernels");
   CheckCuda(PreloadOneShotLLAddRmsNorm(), "loading the fused kernels");
-  Resources rs(W);
-
-  // Set-up: what CreateGroup (registry.cc) gives each rank, on one device.
-  const size_t scratch_bytes = ScratchBytes(W, Algorithm::kOneShotLL);
-  const size_t state_bytes = sizeof(uint64_t) * kStateWords;
-  const std::vector<uint64_t> epochs(kEpochCounters, s.start_epoch);
-  for (int r = 0; r < W; ++r) {
-    CheckCuda(cudaMalloc(&rs.scratch[r], scratch_bytes), "cudaMalloc(scratch)");
-    CheckCuda(cudaMemset(rs.scratch[r], 0, scratch_bytes), "cudaMemset(scratch)");
-    CheckCuda(cudaMalloc(&rs.state[r], state_bytes), "cudaMalloc(epochs)");
-    CheckCuda(cudaMemset(rs.state[r], 0, state_bytes), "cudaMemset(epochs)");
-    CheckCuda(cudaMemcpy(rs.state[r], epochs.data(), sizeof(uint64_t) * kEpochCounters,
-                         cudaMemcpyHostToDevice),
-              "cudaMemcpy(epochs)");
-    CheckCuda(cudaMalloc(&rs.tables[r], sizeof(PeerTable)), "cudaMalloc(peer table)");
-    CheckCuda(cudaHostAlloc(reinterpret_cast<void**>(&rs.records[r]), sizeof(ErrorRecord),
-                            cudaHostAllocMapped | cudaHostAllocPortable),
-              "cudaHostAlloc(error record)");
-    std::memset(rs.records[r], 0, sizeof(ErrorRecord));
-    CheckCuda(cudaStreamCreateWithFlags(&rs.streams[r], cudaStreamNonBlocking),
-              "cudaStreamCreateWithFlags");
-  }
-  for (int r = 0; r < W; ++r) {
-    PeerTable table{};
-    for (int p = 0; p < W; ++p) table.scratch[p] = rs.scratch[p];
-    table.error_claim = reinterpret_cast<int32_t*>(rs.state[r] + kClaimWord);
-    CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table.error), rs.records[r], 0),
-              "cudaHostGetDevicePointer");
-    table.timeout_ns = s.timeout_ns;
-    CheckCuda(cudaMemcpy(rs.tables[r], &table, sizeof(table), cudaMemcpyHostToDevice),
-              "cudaMemcpy(peer table)");
-  }
+  // What CreateGroup (registry.cc) gives each rank, on one device.
+  SimulatedRanks rs(W, ScratchBytes(W, Algorithm::kOneShotLL), s.start_epoch, s.timeout_ns);
   char* d_x = rs.Alloc(W * n_bytes, "cudaMalloc(x)");
   char* d_normed = rs.Alloc(W * n_bytes, "cudaMalloc(normed)");
   char* d_new_residual = rs.Alloc(W * n_bytes, "cudaMalloc(new_residual)");
@@ -289,12 +201,9 @@ FusedLoopbackResult RunFusedLoopback(const FusedLoopbackSpec& s, const std::vect
     }
     // Every call is waited for: a rank's calls are ordered by its stream, but
     // the harness checks each call's completion before it launches the next.
-    error = WaitStreams(rs.streams, Clock::now() + timeout);
+    error = rs.Wait(Clock::now() + timeout);
   }
-  for (int r = 0; r < W; ++r) {
-    std::memcpy(&res.records[r], const_cast<const ErrorRecord*>(rs.records[r]),
-                sizeof(ErrorRecord));
-  }
+  rs.CopyRecords(&res.records);
   if (error == cudaErrorNotReady) {
     res.deadline_exceeded = true;
     res.cuda_error = "host deadline passed with kernels still running";

@@ -24,6 +24,7 @@ cluster reduction), not NVLink, and no speed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import ml_dtypes
@@ -31,6 +32,7 @@ import numpy as np
 
 from jax_llar import _ext, testing
 from jax_llar.tools import _native, report
+from jax_llar.tools import loopback_harness as lh
 
 IMPL = "loopback.add_rms_norm"
 NOTE = ("loopback harness, fused all-reduce + residual add + RMSNorm: all ranks "
@@ -256,29 +258,11 @@ def run(worlds: Sequence[int], dtypes: Sequence[str], shapes: Sequence[tuple[int
   """
   mod = _native.require("python -m jax_llar.tools.loopback --op add_rms_norm")
   rng = np.random.default_rng(seed)
-  rows: list[dict] = []
-  broken = None  # why the CUDA context can no longer be used
-  for case in cases(worlds, dtypes, shapes, start_epochs):
-    reason = skip_reason(case)
-    if reason is not None:
-      row = _row(case, calls) | {"status": "skipped", "reason": reason}
-    elif broken is not None:
-      row = _row(case, calls) | {"status": "not_run", "reason": broken}
-    else:
-      try:
-        row = run_case(mod, case, calls, timeout_ms, device, rng)
-      except RuntimeError as e:
-        row = _row(case, calls) | {"reason": f"RuntimeError: {e}"}
-        broken = f"an earlier case failed to set up ({e})"
-      if row.get("cuda_error"):
-        broken = (f"the CUDA context was lost in an earlier case (W={case.world} "
-                  f"{case.dtype} {case.rows}x{case.d}: {row['cuda_error']})")
-    rows.append(row)
-    if row["status"] != "not_run":
-      print(_line(row), flush=True)
-  if broken is not None:
-    print(f"stopped: {broken}; {sum(r['status'] == 'not_run' for r in rows)} case(s) "
-          "not run", flush=True)
+  items = ((_row(case, calls), skip_reason(case),
+            functools.partial(run_case, mod, case, calls, timeout_ms, device, rng),
+            f"W={case.world} {case.dtype} {case.rows}x{case.d}")
+           for case in cases(worlds, dtypes, shapes, start_epochs))
+  rows = lh.run_cases(items, _line)
   settings = {"op": "add_rms_norm", "worlds": list(worlds), "dtypes": list(dtypes),
               "shapes": [list(s) for s in shapes], "calls": calls,
               "timeout_ms": timeout_ms, "start_epochs": list(start_epochs), "seed": seed,

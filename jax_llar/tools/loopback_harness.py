@@ -28,12 +28,13 @@ traps and the CUDA context of its process is lost.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -603,6 +604,46 @@ def _line(row: dict) -> str:
   return head + status + detail
 
 
+def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
+              line: Callable[[dict], str]) -> list[dict]:
+  """Runs loopback cases in order, printing `line(row)` for each as it goes.
+
+  Args:
+    items: per case (base row, reason to skip it or None, a function that
+      runs it and returns its row, a label for messages). A run that raises
+      ValueError or RuntimeError gives an "error" row; a RuntimeError (a
+      failed set-up) or a row with a ``cuda_error`` (a lost CUDA context)
+      makes every later case a "not_run" row that says why.
+    line: a row's line.
+
+  Returns:
+    The rows, one per case.
+  """
+  rows: list[dict] = []
+  broken = None  # why the CUDA context can no longer be used
+  for base, reason, go, label in items:
+    if reason is not None:
+      row = base | {"status": "skipped", "reason": reason}
+    elif broken is not None:
+      row = base | {"status": "not_run", "reason": broken}
+    else:
+      try:
+        row = go()
+      except (ValueError, RuntimeError) as e:
+        row = base | {"status": "error", "reason": f"{type(e).__name__}: {e}"}
+        if isinstance(e, RuntimeError):
+          broken = f"an earlier case failed to set up ({e})"
+      if row.get("cuda_error"):
+        broken = f"the CUDA context was lost in an earlier case ({label}: {row['cuda_error']})"
+    rows.append(row)
+    if row["status"] != "not_run":
+      print(line(row), flush=True)
+  if broken is not None:
+    print(f"stopped: {broken}; {sum(r['status'] == 'not_run' for r in rows)} case(s) "
+          "not run", flush=True)
+  return rows
+
+
 def run(s: Settings, skip_rank: int = -1, skip_call: int = 0) -> dict:
   """Runs every case of `s` (fault mode when skip_rank >= 0); prints one
   line per case as it goes.
@@ -620,40 +661,21 @@ def run(s: Settings, skip_rank: int = -1, skip_call: int = 0) -> dict:
   """
   mod = _native.require("python -m jax_llar.tools.loopback") if skip_rank < 0 else None
   rng = np.random.default_rng(s.seed)
-  rows: list[dict] = []
-  broken = None  # why the CUDA context can no longer be used
-  for case, reason in cases(s):
-    if reason is None and skip_rank >= case.world:
-      reason = f"no rank {skip_rank} in a group of {case.world}"
-    if reason is not None:
-      row = {"impl": impl(s), "world_size": case.world, "dtype": case.dtype,
-             "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
-             "status": "skipped", "correct": False, "reason": reason}
-    elif broken is not None:
-      row = {"impl": impl(s), "world_size": case.world, "dtype": case.dtype,
-             "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
-             "status": "not_run", "correct": False, "reason": broken}
-    elif skip_rank >= 0:
-      row = run_fault_case(s, case, skip_rank, skip_call)
-    else:
-      try:
-        row = run_case(mod, s, case, rng)
-      except (ValueError, RuntimeError) as e:
-        row = {"impl": impl(s), "world_size": case.world, "dtype": case.dtype,
-               "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
-               "status": "error", "correct": False,
-               "reason": f"{type(e).__name__}: {e}"}
-        if isinstance(e, RuntimeError):
-          broken = f"an earlier case failed to set up ({e})"
-      if row.get("cuda_error"):
-        broken = (f"the CUDA context was lost in an earlier case (W={case.world} "
-                  f"{case.dtype} {case.n_bytes} B: {row['cuda_error']})")
-    rows.append(row)
-    if row["status"] != "not_run":
-      print(_line(row), flush=True)
-  if broken is not None:
-    print(f"stopped: {broken}; {sum(r['status'] == 'not_run' for r in rows)} case(s) "
-          "not run", flush=True)
+
+  def items():
+    for case, reason in cases(s):
+      if reason is None and skip_rank >= case.world:
+        reason = f"no rank {skip_rank} in a group of {case.world}"
+      base = {"impl": impl(s), "world_size": case.world, "dtype": case.dtype,
+              "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
+              "status": "error", "correct": False}
+      if skip_rank >= 0:
+        go = functools.partial(run_fault_case, s, case, skip_rank, skip_call)
+      else:
+        go = functools.partial(run_case, mod, s, case, rng)
+      yield base, reason, go, f"W={case.world} {case.dtype} {case.n_bytes} B"
+
+  rows = run_cases(items(), _line)
   return {"env": report.environment(), "level": "loopback", "note": NOTE,
           "settings": dataclasses.asdict(s) | {"skip_rank": skip_rank,
                                                "skip_call": skip_call},

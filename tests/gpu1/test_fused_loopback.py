@@ -8,34 +8,14 @@ every store is local to the one GPU."""
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from loopback_helpers import statuses
+from loopback_helpers import run_tool as _run_tool
 
 
 def run_tool(tmp_path, *args, timeout=900):
-  """Runs the tool's fused mode with `args`; returns (exit status, its
-  record, output tail)."""
-  path = tmp_path / "loopback_fused.json"
-  env = dict(os.environ)
-  env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-  p = subprocess.run([sys.executable, "-m", "jax_llar.tools.loopback", "--op=add_rms_norm",
-                      f"--json={path}", *args], cwd=ROOT, capture_output=True, text=True,
-                     timeout=timeout, env=env)
-  tail = (p.stdout + p.stderr)[-4000:]
-  record = json.loads(path.read_text()) if path.exists() else None
-  return p.returncode, record, tail
-
-
-def statuses(record) -> dict[str, int]:
-  out: dict[str, int] = {}
-  for r in record["rows"]:
-    out[r["status"]] = out.get(r["status"], 0) + 1
-  return out
+  """The tool's fused mode (loopback_helpers.run_tool)."""
+  return _run_tool(tmp_path, "--op=add_rms_norm", *args, timeout=timeout)
 
 
 def test_every_dtype_and_shape_two_ranks(tmp_path):

@@ -9,33 +9,8 @@ local to the one GPU.
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def run_tool(tmp_path, *args, timeout=900):
-  """Runs the tool with `args`; returns (exit status, its record, output tail)."""
-  path = tmp_path / "loopback.json"
-  env = dict(os.environ)
-  env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
-  p = subprocess.run([sys.executable, "-m", "jax_llar.tools.loopback", f"--json={path}",
-                      *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                     env=env)
-  tail = (p.stdout + p.stderr)[-4000:]
-  record = json.loads(path.read_text()) if path.exists() else None
-  return p.returncode, record, tail
-
-
-def statuses(record) -> dict[str, int]:
-  out: dict[str, int] = {}
-  for r in record["rows"]:
-    out[r["status"]] = out.get(r["status"], 0) + 1
-  return out
+from loopback_helpers import run_tool, statuses
 
 
 def test_every_world_size_synchronised(tmp_path):

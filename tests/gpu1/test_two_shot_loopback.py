@@ -11,7 +11,7 @@ NVLink: every store is local to the one GPU.
 
 from __future__ import annotations
 
-from test_loopback import run_tool, statuses
+from loopback_helpers import run_tool, statuses
 
 TWO = "--algorithm=two_shot_ll"
 # 1 element (fewer lines than ranks), odd tails, non-divisible line counts,

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "api.h"
 #include "llar/args.h"
@@ -24,6 +25,32 @@ using Launcher = cudaError_t (*)(AllReduceArgs args, DType dtype, cudaStream_t s
 // until kMaxBlocks blocks, then up to kLinesPerBlock. No other rule was
 // faster at every size in every run (benchmarks/NOTES.md, entries 14 and 17).
 inline constexpr uint32_t kOneShotBlockLines = 64;
+
+// Lines of an `n_bytes` payload that the kernels move with one 8-byte access
+// (AllReduceArgs::vector_lines): all of them when every one of `buffers` is
+// 8-byte aligned, else 0 (the byte-wise path).
+inline uint32_t VectorLines(uint32_t n_bytes, std::initializer_list<const void*> buffers) {
+  uintptr_t bits = 0;
+  for (const void* b : buffers) bits |= reinterpret_cast<uintptr_t>(b);
+  return (bits & (kPayloadBytesPerLine - 1)) == 0 ? n_bytes / kPayloadBytesPerLine : 0;
+}
+
+// Loads, on the current device, the kernel `for_kernel(dtype, world)` gives
+// for every dtype and for world 0 (any) and kWorlds..., so that no lazy
+// module load happens later (inside a captured graph, or while a peer's
+// kernel spins).
+template <int... kWorlds, typename ForKernel>
+cudaError_t PreloadKernels(ForKernel for_kernel) {
+  cudaFuncAttributes attr;
+  for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
+    for (int world : {0, kWorlds...}) {
+      const cudaError_t e =
+          cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(for_kernel(d, world)));
+      if (e != cudaSuccess) return e;
+    }
+  }
+  return cudaSuccess;
+}
 struct OneShotGrid {
   uint32_t blocks, lines_per_block, threads;
 };

@@ -124,10 +124,7 @@ struct OneShotLLKernels {
       return cudaErrorInvalidValue;
     }
     const uint32_t lines = (a.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
-    const bool aligned =
-        ((reinterpret_cast<uintptr_t>(a.in) | reinterpret_cast<uintptr_t>(a.out)) &
-         (kPayloadBytesPerLine - 1)) == 0;
-    a.vector_lines = aligned ? a.n_bytes / kPayloadBytesPerLine : 0;
+    a.vector_lines = VectorLines(a.n_bytes, {a.in, a.out});
     const OneShotGrid g = OneShotGridFor(lines, options.block_lines);
     a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
     const Kernel fn = For(dtype, options.generic ? 0 : a.world);
@@ -138,15 +135,7 @@ struct OneShotLLKernels {
 
   // Loads every kernel of the variant on the current device.
   static cudaError_t Preload() {
-    cudaFuncAttributes attr;
-    for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
-      for (int world : {0, kWorlds...}) {
-        const cudaError_t e =
-            cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(For(d, world)));
-        if (e != cudaSuccess) return e;
-      }
-    }
-    return cudaSuccess;
+    return PreloadKernels<kWorlds...>(&For);
   }
 };
 

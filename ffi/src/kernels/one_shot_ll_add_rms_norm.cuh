@@ -256,16 +256,8 @@ struct OneShotLLAddRmsNormKernels {
     if (fn == nullptr) return cudaErrorInvalidValue;
     const uint32_t weight_bytes = a.d * (weight == DType::kF32 ? 4u : itemsize);
     ar.n_bytes = a.rows * a.d * itemsize;
-    const bool aligned =
-        ((reinterpret_cast<uintptr_t>(ar.in) | reinterpret_cast<uintptr_t>(ar.out) |
-          reinterpret_cast<uintptr_t>(a.residual) |
-          reinterpret_cast<uintptr_t>(a.new_residual)) &
-         (kPayloadBytesPerLine - 1)) == 0;
-    ar.vector_lines = aligned ? ar.n_bytes / kPayloadBytesPerLine : 0;
-    a.weight_vector_lines =
-        (reinterpret_cast<uintptr_t>(a.weight) & (kPayloadBytesPerLine - 1)) == 0
-            ? weight_bytes / kPayloadBytesPerLine
-            : 0;
+    ar.vector_lines = VectorLines(ar.n_bytes, {ar.in, ar.out, a.residual, a.new_residual});
+    a.weight_vector_lines = VectorLines(weight_bytes, {a.weight});
     ar.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
     a.cluster_blocks = static_cast<uint8_t>(g.cluster_blocks);
     a.inv_d = 1.0f / static_cast<float>(a.d);  // XLA's InvertConstant
