@@ -392,3 +392,19 @@ def test_importing_the_tools_loads_no_native_module():
   p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                      timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert p.returncode == 0 and p.stdout.strip() == "[]", p.stderr[-2000:]
+
+
+def test_run_cases_stops_after_a_lost_context_only_in_process(capsys):
+  from jax_llar.tools import loopback_harness as harness  # pylint: disable=g-import-not-at-top
+  lost = {"status": "fail", "cuda_error": "cudaErrorLaunchFailure"}
+  ok = {"status": "pass"}
+
+  def items():
+    for i, row in enumerate([lost, ok]):
+      yield {"status": "error"}, None, (lambda row=row: dict(row)), f"case {i}"
+
+  rows = harness.run_cases(items(), lambda r: r["status"])
+  assert [r["status"] for r in rows] == ["fail", "not_run"]
+  assert "case 0" in rows[1]["reason"] and "stopped" in capsys.readouterr().out
+  rows = harness.run_cases(items(), lambda r: r["status"], in_process=False)
+  assert [r["status"] for r in rows] == ["fail", "pass"]

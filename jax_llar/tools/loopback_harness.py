@@ -605,7 +605,7 @@ def _line(row: dict) -> str:
 
 
 def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
-              line: Callable[[dict], str]) -> list[dict]:
+              line: Callable[[dict], str], *, in_process: bool = True) -> list[dict]:
   """Runs loopback cases in order, printing `line(row)` for each as it goes.
 
   Args:
@@ -615,6 +615,8 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
       failed set-up) or a row with a ``cuda_error`` (a lost CUDA context)
       makes every later case a "not_run" row that says why.
     line: a row's line.
+    in_process: the cases run in this process; False when each runs in a
+      child (fault mode), whose lost context leaves this one intact.
 
   Returns:
     The rows, one per case.
@@ -633,7 +635,7 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
         row = base | {"status": "error", "reason": f"{type(e).__name__}: {e}"}
         if isinstance(e, RuntimeError):
           broken = f"an earlier case failed to set up ({e})"
-      if row.get("cuda_error"):
+      if in_process and row.get("cuda_error"):
         broken = f"the CUDA context was lost in an earlier case ({label}: {row['cuda_error']})"
     rows.append(row)
     if row["status"] != "not_run":
@@ -675,7 +677,7 @@ def run(s: Settings, skip_rank: int = -1, skip_call: int = 0) -> dict:
         go = functools.partial(run_case, mod, s, case, rng)
       yield base, reason, go, f"W={case.world} {case.dtype} {case.n_bytes} B"
 
-  rows = run_cases(items(), _line)
+  rows = run_cases(items(), _line, in_process=skip_rank < 0)
   return {"env": report.environment(), "level": "loopback", "note": NOTE,
           "settings": dataclasses.asdict(s) | {"skip_rank": skip_rank,
                                                "skip_call": skip_call},
