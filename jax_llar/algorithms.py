@@ -124,14 +124,22 @@ def two_shot_grid(n_bytes: int, world: int) -> tuple[int, int, int, int]:
   return blocks, per_block, threads, -(-per_block // threads)
 
 
-def scratch_bytes(world: int, algorithm: Algorithm) -> int:
-  """Bytes of symmetric scratch per rank for `world` ranks serving
-  `algorithm` and every algorithm before it (args.h: ScratchBytes): the
-  one-shot's region, then the two-shot's."""
-  one_shot = 2 * 64 * world * 512 * 16
+def region_bytes(algorithm: Algorithm, world: int) -> int:
+  """Bytes of `algorithm`'s symmetric scratch region per rank for `world`
+  ranks (args.h: RegionBytes). A communicator set allocates an algorithm's
+  region the first time a lowering picks the algorithm for it
+  (``CommSet.ensure``); ``jax_llar.status()`` lists the regions held.
+
+  Example::
+
+    >>> region_bytes(Algorithm.ONE_SHOT_LL, 2)
+    2097152
+  """
   if algorithm == Algorithm.ONE_SHOT_LL:
-    return one_shot
-  return one_shot + two_shot_max_steps(world) * 2 * 2 * world * TWO_SHOT_STEP_LINES * 16
+    return 2 * 64 * world * 512 * 16
+  if algorithm == Algorithm.TWO_SHOT_LL:
+    return two_shot_max_steps(world) * 2 * 2 * world * TWO_SHOT_STEP_LINES * 16
+  raise ValueError(f"no region size for {algorithm!r}")
 
 
 # Element types the kernels reduce (reduce.cuh: one packing and accumulation

@@ -4,11 +4,16 @@ For the devices of the replica groups of a psum (the partitions of the mesh
 that reduce together, as JAX's own psum lowering forms them), jax_llar creates
 one communicator set, once per distinct group layout, at lowering time, and
 keeps it for the life of the process. The set holds, per group, NCCL
-communicators (``ncclCommInitAll``), symmetric scratch (``ncclMemAlloc`` +
-``ncclCommWindowRegister``, grouped), a device communicator
-(``ncclDevCommCreate``) and peer addresses (``ncclGetLsaPointer``), and, per
-device, epoch counters in device memory. Scratch per device is
-``2 * 64 * world * 512 * 16`` bytes (1 MiB per rank of the group).
+communicators (``ncclCommInitAll``) and device communicators
+(``ncclDevCommCreate``), and, per device, epoch counters in device memory.
+
+Scratch is allocated per algorithm, the first time a lowering picks that
+algorithm for the set (`CommSet.ensure`): a region of symmetric memory
+(``ncclMemAlloc`` + ``ncclCommWindowRegister``, grouped) with its peer
+addresses (``ncclGetLsaPointer``). Region sizes per rank
+(``algorithms.region_bytes``): the one-shot LL's is ``2 * 64 * world * 512 *
+16`` bytes (1 MiB per rank of the group), the two-shot LL's 32-36 MiB. A
+process that only ever runs one-shot calls holds only the one-shot's region.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import threading
 from typing import Sequence
 
 from jax_llar import _ext
+from jax_llar.algorithms import Algorithm
 from jax_llar.config import settings
 
 
@@ -36,13 +42,45 @@ class CommSet:
       by the handler at instantiation.
     groups: replica groups as tuples of local CUDA ordinals, rank order.
     world_size: ranks per group.
-    scratch_bytes: symmetric scratch bytes held per device.
   """
   comm_id: int
   key: int
   groups: tuple[tuple[int, ...], ...]
   world_size: int
-  scratch_bytes: int
+
+  def ensure(self, algorithm: Algorithm) -> None:
+    """Allocates `algorithm`'s scratch region on every device of the set,
+    once (later calls return at once).
+
+    Raises:
+      CommError: CUDA or NCCL refused (out of memory, ...); the region stays
+        absent and a later call tries again.
+    """
+    mod = _ext.load()
+    if mod is None:
+      raise CommError(_ext.reason() or "extension unavailable")
+    with _lock:
+      if int(algorithm) in self._regions():
+        return
+      try:
+        mod.ensure_region(self.comm_id, int(algorithm))
+      except RuntimeError as e:
+        raise CommError(str(e)) from None
+
+  def _regions(self) -> tuple[int, ...]:
+    mod = _ext.loaded()
+    return tuple(int(a) for a in mod.regions(self.comm_id)) if mod else ()
+
+  @property
+  def regions(self) -> tuple[Algorithm, ...]:
+    """The algorithms whose scratch regions the set holds, in id order."""
+    return tuple(Algorithm(a) for a in self._regions())
+
+  @property
+  def scratch_bytes(self) -> int:
+    """Bytes of symmetric scratch held per device (the sum of its regions)."""
+    mod = _ext.loaded()
+    return int(mod.scratch_bytes(self.comm_id)) if mod else 0
 
 
 _lock = threading.Lock()
@@ -80,8 +118,7 @@ def get_or_create(groups: Sequence[Sequence[int]]) -> CommSet:
       _sets[key] = err
       raise err from None
     cs = CommSet(comm_id=comm_id, key=int(mod.comm_key(comm_id)), groups=key,
-                 world_size=len(key[0]),
-                 scratch_bytes=int(mod.scratch_bytes(comm_id)))
+                 world_size=len(key[0]))
     _sets[key] = cs
     return cs
 

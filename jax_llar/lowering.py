@@ -248,6 +248,8 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
   if refusal is None:
     try:
       cs = comm.get_or_create([[d.local_hardware_id for d in g] for g in groups])
+      # The fused op runs on the one-shot's exchange, so on its region.
+      cs.ensure(candidate)
     except comm.CommError as e:
       refusal = ("communicator", str(e))
   if refusal is not None:

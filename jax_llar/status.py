@@ -35,7 +35,9 @@ def status() -> dict[str, Any]:
         ``tested_pair``: whether (jax, NCCL runtime) is a pair the GPU suite
         and the benchmarks ran with (None when not active);
       ``comm_sets``: one dict per communicator set (``comm_id``, ``groups``
-        of CUDA ordinals, ``world_size``, ``scratch_bytes_per_device``);
+        of CUDA ordinals, ``world_size``, ``regions``: the algorithms whose
+        scratch regions it holds, allocated when a lowering first picked
+        them, ``scratch_bytes_per_device``: their sum);
       ``settings``: the current ``jax_llar.config.settings`` as a dict;
       ``swap``: ``installed`` (the process-wide swap is on) and
         ``lowering_rules`` (per psum primitive, whether jax_llar's lowering
@@ -68,6 +70,7 @@ def status() -> dict[str, Any]:
       "versions": versions,
       "comm_sets": [
           {"comm_id": c.comm_id, "groups": c.groups, "world_size": c.world_size,
+           "regions": [a.short_name for a in c.regions],
            "scratch_bytes_per_device": c.scratch_bytes}
           for c in comm.comm_sets()
       ],

@@ -198,7 +198,8 @@ def _algorithm_table() -> list[tuple[str | None, str]]:
   in order (the row index is the FFI id)."""
   pattern = re.compile(r"AlgorithmEntry\s+kAlgorithms\s*\[\s*\]\s*=\s*\{(.*?)\};",
                        re.S)
-  row = re.compile(r"\{\s*(nullptr|\"(\w+)\")\s*,\s*[^,]+,\s*([^}]+?)\s*\}")
+  # {name, launcher, max_bytes, ...}: the first three fields of a row.
+  row = re.compile(r"\{\s*(nullptr|\"(\w+)\")\s*,\s*[^,]+,\s*([^,}]+?)\s*[,}]")
   for path in _c_sources():
     m = pattern.search(_strip_c_comments(path.read_text()))
     if m:

@@ -286,7 +286,9 @@ class FakeExtension:
 
   def __init__(self, refuse: str | None = None):
     self.refuse = refuse
+    self.refuse_region = None
     self.created = []
+    self.held = {}  # comm id -> FFI ids of the regions allocated, in order
 
   def create_comm_set(self, groups, timeout_ns):
     if self.refuse:
@@ -298,9 +300,18 @@ class FakeExtension:
     del comm_id
     return 1234
 
+  def ensure_region(self, comm_id, algorithm):
+    if self.refuse_region:
+      raise RuntimeError(self.refuse_region)
+    held = self.held.setdefault(comm_id, [])
+    if algorithm not in held:
+      held.append(algorithm)
+
+  def regions(self, comm_id):
+    return sorted(self.held.get(comm_id, []))
+
   def scratch_bytes(self, comm_id):
-    del comm_id
-    return 1 << 20
+    return (1 << 20) * len(self.held.get(comm_id, []))
 
   def nccl_runtime_version(self):
     return 22809
@@ -338,8 +349,10 @@ def test_decide_gpu_branches(fake_extension):
   assert fake_extension.created == [
       ([[0, 1, 2, 3], [4, 5, 6, 7]], llar_settings.timeout_ms * 1_000_000)]
   assert comm.comm_sets() == [comm.CommSet(
-      comm_id=5, key=1234, groups=((0, 1, 2, 3), (4, 5, 6, 7)), world_size=4,
-      scratch_bytes=1 << 20)]
+      comm_id=5, key=1234, groups=((0, 1, 2, 3), (4, 5, 6, 7)), world_size=4)]
+  # The decision allocated the one-shot's region, and only it.
+  (cs,) = comm.comm_sets()
+  assert cs.regions == (ONE_SHOT_LL,) and cs.scratch_bytes == 1 << 20
   # The same groups again: the set is reused, not created again.
   assert _decide(ctx, _aval((8,)), axes).comm_id == 5
   assert len(fake_extension.created) == 1
@@ -373,6 +386,19 @@ def test_decide_gpu_environment_refusals(fake_extension, monkeypatch):
   assert (d.reason, d.candidate, d.comm_id) == ("communicator", ONE_SHOT_LL, 0)
   assert d.detail.startswith("not peers")
   assert "NVLink peers" in d.detail and "one_shot_ll" in d.detail
+  # The set exists but its region cannot be allocated (out of memory):
+  # refused the same way, and a later lowering tries again.
+  refusing = FakeExtension()
+  refusing.refuse_region = "ncclMemAlloc: out of memory"
+  monkeypatch.setattr(_ext, "_module", refusing)
+  monkeypatch.setattr(comm, "_sets", {})
+  d = _decide(ctx, _aval((4,)), axes)
+  assert (d.reason, d.comm_id) == ("communicator", 0)
+  assert d.detail.startswith("ncclMemAlloc: out of memory")
+  refusing.refuse_region = None
+  d = _decide(ctx, _aval((4,)), axes)
+  assert (d.reason, d.fast) == ("fast_path", True)
+  assert comm.comm_sets()[0].regions == (ONE_SHOT_LL,)
   # The extension is not loaded: the real jax_llar._ext on a CPU machine.
   monkeypatch.undo()
   d = _decide(gpu_ctx(), _aval((4,)), axes)

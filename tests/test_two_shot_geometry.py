@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from jax_llar import algorithms
-from jax_llar.algorithms import (Algorithm, scratch_bytes, two_shot_chunk, two_shot_grid,
+from jax_llar.algorithms import (Algorithm, region_bytes, two_shot_chunk, two_shot_grid,
                                  two_shot_max_steps)
 
 from test_layout import _constexpr_expressions, _evaluate
@@ -21,10 +21,8 @@ MiB = 1 << 20
 
 
 def _offset(step, half, phase, world, src, block, t):
-  """args.h: TwoShotOffset."""
-  one_shot = 2 * 64 * world * 512 * 16
-  return one_shot + ((((((step * 2 + half) * 2 + phase) * world + src) * 64 + block) * 512
-                      + t) * 16)
+  """args.h: TwoShotOffset (from the base of the two-shot's region)."""
+  return ((((((step * 2 + half) * 2 + phase) * world + src) * 64 + block) * 512 + t) * 16)
 
 
 def test_constants_equal_the_cpp_source():
@@ -33,8 +31,9 @@ def test_constants_equal_the_cpp_source():
   assert _evaluate("kTwoShotStepLines", exprs) == algorithms.TWO_SHOT_STEP_LINES
   assert _evaluate("kTwoShotBlockLines", exprs) == algorithms.TWO_SHOT_BLOCK_LINES
   assert _evaluate("kTwoShotPhases", exprs) == 2
-  assert (_evaluate("kClaimWord", exprs), _evaluate("kTwoShotEpochs", exprs),
-          _evaluate("kStateWords", exprs)) == (1024, 1025, 2049)
+  # The claim word, then one set of 64 x 16 counters per algorithm id 1..7.
+  assert (_evaluate("kClaimWord", exprs), _evaluate("kMaxAlgorithms", exprs),
+          _evaluate("kStateWords", exprs)) == (0, 8, 1 + 7 * 1024)
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -70,9 +69,9 @@ def test_grid_covers_the_largest_chunk_within_the_scratch(world):
     assert steps * threads >= per_block and (steps - 1) * threads < per_block
     assert steps <= two_shot_max_steps(world)
     assert per_block < 1 << 16  # AllReduceArgs::lines_per_block is 16 bits
-    # Every slot the call uses lies in the scratch of ScratchBytes(world, two-shot).
+    # Every slot the call uses lies in the two-shot's region (RegionBytes).
     last = _offset(steps - 1, 1, 1, world, world - 1, blocks - 1, threads - 1)
-    assert last + 16 <= scratch_bytes(world, TWO)
+    assert last + 16 <= region_bytes(TWO, world)
 
 
 def test_grid_at_the_limit():
@@ -82,14 +81,30 @@ def test_grid_at_the_limit():
   assert two_shot_grid(4, 8) == (1, 1, 32, 1)
 
 
-def test_scratch_bytes():
+def test_region_bytes():
   for w in WORLDS:
-    one = MiB * w
-    assert scratch_bytes(w, Algorithm.ONE_SHOT_LL) == one
-    two = scratch_bytes(w, TWO) - one
+    assert region_bytes(Algorithm.ONE_SHOT_LL, w) == MiB * w
     # The two-shot's region ends exactly at its last slot.
-    assert two == _offset(two_shot_max_steps(w), 0, 0, w, 0, 0, 0) - one
-    assert scratch_bytes(w, TWO) < 1 << 31  # the 32-bit offsets
+    assert region_bytes(TWO, w) == _offset(two_shot_max_steps(w), 0, 0, w, 0, 0, 0)
+    assert region_bytes(TWO, w) < 1 << 31  # the 32-bit offsets
   assert [two_shot_max_steps(w) for w in (2, 3, 4, 5, 8, 15, 16)] == [8, 6, 4, 4, 2, 2, 1]
-  assert {w: scratch_bytes(w, TWO) // MiB for w in (2, 3, 4, 8, 16)} == {
-      2: 2 + 32, 3: 3 + 36, 4: 4 + 32, 8: 8 + 32, 16: 16 + 32}
+  assert {w: region_bytes(TWO, w) // MiB for w in (2, 3, 4, 8, 16)} == {
+      2: 32, 3: 36, 4: 32, 8: 32, 16: 32}
+
+
+def test_region_bytes_match_the_extension():
+  import ctypes  # pylint: disable=g-import-not-at-top
+  import importlib  # pylint: disable=g-import-not-at-top
+  from jax_llar import _ext  # pylint: disable=g-import-not-at-top
+  if not _ext.built():
+    pytest.skip("the CUDA extension is not built here")
+  path = _ext.nccl_library_path()
+  if path is None:
+    pytest.skip("no libnccl.so.2 to load the CUDA extension with (install the "
+                "cuda13 extra)")
+  ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+  ext = importlib.import_module("jax_llar._llar")
+  for a in Algorithm:
+    for w in WORLDS:
+      assert ext.region_bytes(int(a), w) == region_bytes(a, w), (a, w)
+  assert ext.region_bytes(0, 2) == 0 and ext.region_bytes(len(Algorithm) + 1, 2) == 0

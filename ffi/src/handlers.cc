@@ -5,8 +5,9 @@
 //
 //   instantiate  checks the static attributes once per executable: the
 //                communicator set exists in this process with the devices the
-//                program was lowered for, and `algorithm` names an entry of
-//                the launcher table (kernels/kernels.h).
+//                program was lowered for, `algorithm` names an entry of the
+//                launcher table (kernels/kernels.h) and the set holds that
+//                algorithm's scratch region (registry.h: EnsureRegion).
 //   execute      launches one kernel on XLA's stream through that entry's
 //                launcher (or the device's diagnostic override of that
 //                algorithm, registry.h):
@@ -59,11 +60,25 @@ ffi::Error AllReduceInstantiate(int64_t comm_id, int64_t comm_key,
         " does not exist in this process with the devices this program was "
         "lowered for (was it compiled in another process?); lower it again here");
   }
-  if (FindAlgorithm(algorithm) == nullptr) {
+  const AlgorithmEntry* entry = FindAlgorithm(algorithm);
+  if (entry == nullptr) {
     return ffi::Error::InvalidArgument("jax_llar: unknown algorithm " +
                                        std::to_string(algorithm));
   }
+  if (!HasRegion(comm_id, algorithm)) {
+    return ffi::Error::InvalidArgument(
+        std::string("jax_llar: communicator set ") + std::to_string(comm_id) +
+        " has no scratch region for " + entry->name +
+        " (the lowering allocates it; was the program lowered in another process?)");
+  }
   return ffi::Error::Success();
+}
+
+ffi::Error NoRegion(const AlgorithmEntry& entry, int64_t comm_id, int32_t ordinal) {
+  return ffi::Error::InvalidArgument(std::string("jax_llar: no ") + entry.name +
+                                     " scratch region in communicator set " +
+                                     std::to_string(comm_id) + " on CUDA device " +
+                                     std::to_string(ordinal));
 }
 
 ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
@@ -87,7 +102,9 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
                                        entry->name + " limit of " +
                                        std::to_string(entry->max_bytes) + " bytes");
   }
-  AllReduceArgs a = ctx->base;
+  const AllReduceArgs* base = ArgsOf(ctx, algorithm);
+  if (base == nullptr) return NoRegion(*entry, comm_id, ordinal);
+  AllReduceArgs a = *base;
   a.in = x.untyped_data();
   a.out = y->untyped_data();
   a.n_bytes = static_cast<uint32_t>(x.size_bytes());  // <= max_bytes, checked above
@@ -159,8 +176,11 @@ ffi::Error AddRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffe
         "jax_llar add_rms_norm: " + std::to_string(rows) + " rows of " + std::to_string(d) +
         " elements are not served by the fused kernel (grid rule: AddRmsNormGridFor)");
   }
+  constexpr int64_t kExchange = static_cast<int64_t>(Algorithm::kOneShotLL);
+  const AllReduceArgs* base = ArgsOf(ctx, kExchange);
+  if (base == nullptr) return NoRegion(kAlgorithms[kExchange], comm_id, ordinal);
   AddRmsNormArgs a{};
-  a.all_reduce = ctx->base;
+  a.all_reduce = *base;
   a.all_reduce.in = x.untyped_data();
   a.all_reduce.out = normed->untyped_data();
   a.residual = residual.untyped_data();

@@ -17,17 +17,19 @@ __global__ void ReadLsaPointersKernel(ncclWindow_t window, int n, void** out) {
 
 }  // namespace
 
-cudaError_t ReadLsaPointers(ncclWindow_t window, int n, void** host_out) {
+cudaError_t ReadLsaPointers(ncclWindow_t window, int n, void** host_out, cudaStream_t stream) {
   void** dev = nullptr;
-  cudaError_t e = cudaMalloc(&dev, sizeof(void*) * n);
+  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&dev), sizeof(void*) * n, stream);
   if (e != cudaSuccess) return e;
-  ReadLsaPointersKernel<<<1, 32>>>(window, n, dev);
+  ReadLsaPointersKernel<<<1, 32, 0, stream>>>(window, n, dev);
   e = cudaGetLastError();
-  if (e == cudaSuccess) e = cudaDeviceSynchronize();
   if (e == cudaSuccess) {
-    e = cudaMemcpy(host_out, dev, sizeof(void*) * n, cudaMemcpyDeviceToHost);
+    e = cudaMemcpyAsync(host_out, dev, sizeof(void*) * n, cudaMemcpyDeviceToHost, stream);
   }
-  cudaFree(dev);
+  const cudaError_t f = cudaFreeAsync(dev, stream);
+  const cudaError_t s = cudaStreamSynchronize(stream);
+  if (e == cudaSuccess) e = f;
+  if (e == cudaSuccess) e = s;
   return e;
 }
 

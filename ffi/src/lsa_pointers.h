@@ -11,9 +11,11 @@
 namespace llar {
 
 // Fills host_out[0..n) with ncclGetLsaPointer(window, 0, peer) for every LSA
-// peer, as mapped on the current device. Synchronises the current device:
-// call at set-up only.
-LLAR_API cudaError_t ReadLsaPointers(ncclWindow_t window, int n, void** host_out);
+// peer, as mapped on the current device. Runs on `stream` (0: the legacy
+// default stream) and synchronises that stream only, so it never waits for
+// kernels on other non-blocking streams (XLA's): call at set-up only.
+LLAR_API cudaError_t ReadLsaPointers(ncclWindow_t window, int n, void** host_out,
+                                     cudaStream_t stream = nullptr);
 
 }  // namespace llar
 

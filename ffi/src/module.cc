@@ -41,14 +41,34 @@ NB_MODULE(_llar, m) {
         return llar::CreateCommSet(groups, timeout_ns);
       },
       nb::arg("groups"), nb::arg("timeout_ns"),
-      "Creates NCCL communicators + symmetric scratch for replica groups of "
-      "local CUDA ordinals; returns the communicator-set id. Raises "
-      "RuntimeError on failure.");
+      "Creates NCCL communicators and device communicators for replica groups "
+      "of local CUDA ordinals, without scratch; returns the communicator-set "
+      "id. Raises RuntimeError on failure.");
+  m.def(
+      "ensure_region",
+      [](int64_t comm_id, int64_t algorithm) {
+        nb::gil_scoped_release release;
+        llar::EnsureRegion(comm_id, algorithm);
+      },
+      nb::arg("comm_id"), nb::arg("algorithm"),
+      "Allocates and registers the symmetric scratch region of `algorithm` (FFI "
+      "id) on every device of the set, once. Raises RuntimeError on failure.");
+  m.def("regions", &llar::RegionsOf, nb::arg("comm_id"),
+        "FFI ids of the algorithms whose scratch regions the set holds.");
+  m.def(
+      "region_bytes",
+      [](int64_t algorithm, int world) -> uint64_t {
+        if (algorithm <= 0 || algorithm >= llar::kAlgorithmCount) return 0;
+        return llar::RegionBytes(static_cast<llar::Algorithm>(algorithm), world);
+      },
+      nb::arg("algorithm"), nb::arg("world"),
+      "Bytes of an algorithm's scratch region per rank for `world` ranks (args.h: "
+      "RegionBytes); 0 for an unknown id. Pure; makes no CUDA call.");
 
   m.def("comm_key", &llar::KeyOf, nb::arg("comm_id"),
         "Fingerprint of a communicator set's groups (the FFI attribute comm_key).");
   m.def("scratch_bytes", &llar::ScratchBytesOf, nb::arg("comm_id"),
-        "Bytes of symmetric scratch per device of a communicator set.");
+        "Bytes of symmetric scratch per device of a communicator set (its regions).");
 
   m.def("error_reports", []() {
     nb::list out;

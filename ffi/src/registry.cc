@@ -23,29 +23,30 @@
 namespace llar {
 namespace {
 
+// One algorithm's scratch region on one device.
+struct Region {
+  void* scratch = nullptr;
+  uint64_t bytes = 0;
+  ncclWindow_t window = nullptr;
+  PeerTable* peers = nullptr;    // device copy of the region's peer table
+  AllReduceArgs args{};          // what DeviceContext::args points at
+};
+
 // Resources of one device of one communicator set. Never freed: a
 // communicator set lives as long as the process (a handful per program).
 struct DeviceResources {
   ncclComm_t comm = nullptr;
-  ncclWindow_t window = nullptr;
   ncclDevComm dev_comm{};
-  void* scratch = nullptr;
-  uint64_t* state = nullptr;   // kStateWords: epoch counters and the claim word (args.h)
-  PeerTable* peers = nullptr;  // device copy of the peer table
+  uint64_t* state = nullptr;   // kStateWords: the claim word and the epoch counters (args.h)
   ErrorRecord* error = nullptr;  // host-mapped
+  uint64_t timeout_ns = 0;
+  std::unique_ptr<Region> regions[kAlgorithmCount];
   DeviceContext context;
 };
 
-// Every communicator serves every algorithm: its scratch holds the regions of
-// all of them (args.h, ScratchBytes).
-constexpr Algorithm kLastAlgorithm = Algorithm::kTwoShotLL;
-static_assert(static_cast<int64_t>(kLastAlgorithm) == kAlgorithmCount - 1,
-              "the scratch must hold every algorithm's region");
-
 struct CommSet {
   std::vector<std::vector<int>> groups;
-  uint64_t scratch_bytes = 0;
-  std::vector<std::unique_ptr<DeviceResources>> devices;
+  std::vector<std::unique_ptr<DeviceResources>> devices;  // the groups' devices in order
 };
 
 std::mutex g_mutex;                                   // guards creation, g_sets, g_preloads
@@ -54,7 +55,14 @@ std::vector<cudaError_t (*)()> g_preloads;            // AddPreload, best-effort
 std::array<std::array<std::atomic<const DeviceContext*>, kMaxOrdinals>,
            kMaxCommSets>
     g_table{};
+// Per set, read without the lock by the FFI instantiate stage (KeyOf,
+// HasRegion): an instantiate must never wait for a creation, which may be
+// waiting for that very program's kernels (a region created while programs
+// of the set run).
+std::array<std::atomic<int64_t>, kMaxCommSets> g_keys{};           // 0: no such set
+std::array<std::atomic<uint32_t>, kMaxCommSets> g_region_masks{};  // bit a: region of a
 
+static_assert(kAlgorithmCount <= 32, "g_region_masks holds one bit per algorithm");
 
 void ValidateGroups(const std::vector<std::vector<int>>& groups) {
   if (groups.empty()) Fail("jax_llar: no replica groups given");
@@ -88,9 +96,9 @@ void ValidateGroups(const std::vector<std::vector<int>>& groups) {
   }
 }
 
-// Builds one group's communicators and scratch; fills `out` (one per rank).
-void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
-                 uint64_t timeout_ns,
+// Builds one group's communicators, device communicators and state; fills
+// `out` (one per rank). No scratch: EnsureRegion adds it per algorithm.
+void CreateGroup(const std::vector<int>& group, uint64_t timeout_ns,
                  std::vector<std::unique_ptr<DeviceResources>>& out) {
   const int n = static_cast<int>(group.size());
   std::vector<std::unique_ptr<DeviceResources>> devs;
@@ -103,29 +111,19 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
   for (int i = 0; i < n; ++i) {
     DeviceResources& d = *devs[i];
     CheckCuda(cudaSetDevice(group[i]), "cudaSetDevice");
-    CheckNccl(ncclMemAlloc(&d.scratch, scratch_bytes), "ncclMemAlloc");
-    CheckCuda(cudaMemset(d.scratch, 0, scratch_bytes), "cudaMemset(scratch)");
     CheckCuda(cudaMalloc(&d.state, sizeof(uint64_t) * kStateWords), "cudaMalloc(epochs)");
     CheckCuda(cudaMemset(d.state, 0, sizeof(uint64_t) * kStateWords),
               "cudaMemset(epochs)");
-    CheckCuda(cudaMalloc(&d.peers, sizeof(PeerTable)), "cudaMalloc(peer table)");
     CheckCuda(cudaHostAlloc(reinterpret_cast<void**>(&d.error), sizeof(ErrorRecord),
                             cudaHostAllocMapped | cudaHostAllocPortable),
               "cudaHostAlloc(error record)");
     std::memset(d.error, 0, sizeof(ErrorRecord));
+    d.timeout_ns = timeout_ns;
     CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
 
-  // Window registration and device communicators are collective over the
-  // group; one thread drives every rank, so each must be grouped.
-  GroupedCalls("ncclCommWindowRegister", [&] {
-    for (int i = 0; i < n; ++i) {
-      CheckNccl(ncclCommWindowRegister(devs[i]->comm, devs[i]->scratch, scratch_bytes,
-                                       &devs[i]->window, NCCL_WIN_COLL_SYMMETRIC),
-                "ncclCommWindowRegister");
-    }
-  });
-
+  // Device communicators are collective over the group; one thread drives
+  // every rank, so the calls must be grouped.
   ncclDevCommRequirements reqs;
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 30, 0)
   reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
@@ -150,31 +148,97 @@ void CreateGroup(const std::vector<int>& group, uint64_t scratch_bytes,
         << d.dev_comm.lsaSize << ")";
       Fail(m.str());
     }
-    CheckCuda(cudaSetDevice(group[i]), "cudaSetDevice");
-    void* peers[kMaxRanks] = {};
-    CheckCuda(ReadLsaPointers(d.window, n, peers), "reading LSA peer pointers");
-    CheckCuda(PreloadOneShotLL(), "loading the one-shot kernels");
-    CheckCuda(PreloadOneShotLLAddRmsNorm(), "loading the fused add + RMSNorm kernels");
-    CheckCuda(PreloadTwoShotLL(), "loading the two-shot kernels");
-
     DeviceContext& c = d.context;
     c.ordinal = group[i];
     c.rank = i;
     c.world = n;
+    // Every kernel now, while nothing of the set runs: a lazy module load
+    // later could wait for running kernels that wait for their peers.
+    CheckCuda(cudaSetDevice(group[i]), "cudaSetDevice");
+    for (int64_t a = 1; a < kAlgorithmCount; ++a) {
+      CheckCuda(kAlgorithms[a].preload(),
+                (std::string("loading the ") + kAlgorithms[a].name + " kernels").c_str());
+    }
+    CheckCuda(PreloadOneShotLLAddRmsNorm(), "loading the fused add + RMSNorm kernels");
+  }
+  for (auto& d : devs) out.push_back(std::move(d));
+}
+
+// A non-blocking stream of the current device, destroyed with the object:
+// set-up work that must not wait for (or be waited for by) XLA's streams.
+struct SetupStream {
+  cudaStream_t stream = nullptr;
+  SetupStream() {
+    CheckCuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+              "cudaStreamCreateWithFlags");
+  }
+  ~SetupStream() {
+    if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  }
+  SetupStream(const SetupStream&) = delete;
+  SetupStream& operator=(const SetupStream&) = delete;
+};
+
+// Allocates, registers and publishes `algorithm`'s region on the devices
+// devs[first .. first + n) of one group (EnsureRegion). The caller holds
+// g_mutex and a DeviceGuard. Programs of the set may be running: every CUDA
+// call here is on a stream of its own (or synchronous only with the host),
+// never a device-wide synchronisation, and the kernels were loaded when the
+// set was created.
+void CreateRegion(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
+                  int64_t algorithm) {
+  const AlgorithmEntry& entry = kAlgorithms[algorithm];
+  const uint64_t bytes = RegionBytes(static_cast<Algorithm>(algorithm), n);
+  std::vector<std::unique_ptr<Region>> regions;
+  for (int i = 0; i < n; ++i) {
+    DeviceResources& d = *all[first + i];
+    auto r = std::make_unique<Region>();
+    r->bytes = bytes;
+    CheckCuda(cudaSetDevice(d.context.ordinal), "cudaSetDevice");
+    SetupStream setup;
+    CheckNccl(ncclMemAlloc(&r->scratch, bytes), "ncclMemAlloc");
+    CheckCuda(cudaMemsetAsync(r->scratch, entry.fill, bytes, setup.stream),
+              "cudaMemsetAsync(scratch)");
+    CheckCuda(cudaMalloc(&r->peers, sizeof(PeerTable)), "cudaMalloc(peer table)");
+    CheckCuda(cudaStreamSynchronize(setup.stream), "cudaStreamSynchronize");
+    regions.push_back(std::move(r));
+  }
+  // Window registration is collective over the group: grouped, as above.
+  GroupedCalls("ncclCommWindowRegister", [&] {
+    for (int i = 0; i < n; ++i) {
+      CheckNccl(ncclCommWindowRegister(all[first + i]->comm, regions[i]->scratch, bytes,
+                                       &regions[i]->window, NCCL_WIN_COLL_SYMMETRIC),
+                "ncclCommWindowRegister");
+    }
+  });
+  for (int i = 0; i < n; ++i) {
+    DeviceResources& d = *all[first + i];
+    Region& r = *regions[i];
+    CheckCuda(cudaSetDevice(d.context.ordinal), "cudaSetDevice");
+    SetupStream setup;
+    void* peers[kMaxRanks] = {};
+    CheckCuda(ReadLsaPointers(r.window, n, peers, setup.stream), "reading LSA peer pointers");
     PeerTable table{};
     for (int p = 0; p < n; ++p) table.scratch[p] = static_cast<char*>(peers[p]);
     table.error_claim = reinterpret_cast<int32_t*>(d.state + kClaimWord);
     CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table.error), d.error, 0),
               "cudaHostGetDevicePointer");
-    table.timeout_ns = timeout_ns;
-    CheckCuda(cudaMemcpy(d.peers, &table, sizeof(table), cudaMemcpyHostToDevice),
-              "cudaMemcpy(peer table)");
-    c.base.rank = static_cast<uint8_t>(i);
-    c.base.world = static_cast<uint8_t>(n);
-    c.base.epochs = d.state;
-    c.base.peers = d.peers;
+    table.timeout_ns = d.timeout_ns;
+    CheckCuda(cudaMemcpyAsync(r.peers, &table, sizeof(table), cudaMemcpyHostToDevice,
+                              setup.stream),
+              "cudaMemcpyAsync(peer table)");
+    CheckCuda(cudaStreamSynchronize(setup.stream), "cudaStreamSynchronize");
+    r.args.epochs = d.state + EpochSetOffset(static_cast<Algorithm>(algorithm));
+    r.args.peers = r.peers;
+    r.args.rank = static_cast<uint8_t>(d.context.rank);
+    r.args.world = static_cast<uint8_t>(n);
   }
-  for (auto& d : devs) out.push_back(std::move(d));
+  // Every device of the group is complete: publish.
+  for (int i = 0; i < n; ++i) {
+    DeviceResources& d = *all[first + i];
+    d.regions[algorithm] = std::move(regions[i]);
+    d.context.args[algorithm].store(&d.regions[algorithm]->args, std::memory_order_release);
+  }
 }
 
 // Runs `preloads` on every device of `set`, ignoring their results
@@ -202,17 +266,12 @@ int CreateCommSet(const std::vector<std::vector<int>>& groups,
   DeviceGuard guard;
   auto set = std::make_unique<CommSet>();
   set->groups = groups;
-  size_t world = groups[0].size();
-  for (const auto& g : groups) world = std::max(world, g.size());
-  set->scratch_bytes = ScratchBytes(static_cast<int>(world), kLastAlgorithm);
-  for (const auto& g : groups) {
-    CreateGroup(g, ScratchBytes(static_cast<int>(g.size()), kLastAlgorithm), timeout_ns,
-                set->devices);
-  }
+  for (const auto& g : groups) CreateGroup(g, timeout_ns, set->devices);
   const int id = static_cast<int>(g_sets.size());
   for (const auto& d : set->devices) {
     g_table[id][d->context.ordinal].store(&d->context, std::memory_order_release);
   }
+  g_keys[id].store(KeyOfGroups(groups), std::memory_order_release);
   g_sets.push_back(std::move(set));
   // The tools' kernels, only after the set is published and never failing
   // its creation.
@@ -228,10 +287,52 @@ const DeviceContext* Lookup(int64_t comm_id, int32_t ordinal) {
   return g_table[comm_id][ordinal].load(std::memory_order_acquire);
 }
 
+void EnsureRegion(int64_t comm_id, int64_t algorithm) {
+  if (FindAlgorithm(algorithm) == nullptr) {
+    Fail("jax_llar: unknown algorithm " + std::to_string(algorithm));
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) {
+    Fail("jax_llar: no communicator set " + std::to_string(comm_id));
+  }
+  CommSet& set = *g_sets[comm_id];
+  DeviceGuard guard;
+  size_t first = 0;
+  for (const auto& g : set.groups) {
+    // Groups are created whole, so the first device tells for the group.
+    if (!set.devices[first]->regions[algorithm]) {
+      CreateRegion(set.devices, first, static_cast<int>(g.size()), algorithm);
+    }
+    first += g.size();
+  }
+  g_region_masks[comm_id].fetch_or(uint32_t(1) << algorithm, std::memory_order_release);
+}
+
+bool HasRegion(int64_t comm_id, int64_t algorithm) {
+  if (FindAlgorithm(algorithm) == nullptr || comm_id <= 0 || comm_id >= kMaxCommSets) {
+    return false;
+  }
+  return (g_region_masks[comm_id].load(std::memory_order_acquire) >> algorithm) & 1u;
+}
+
 uint64_t ScratchBytesOf(int64_t comm_id) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) return 0;
-  return g_sets[comm_id]->scratch_bytes;
+  uint64_t most = 0;
+  for (const auto& d : g_sets[comm_id]->devices) {
+    uint64_t bytes = 0;
+    for (const auto& r : d->regions) bytes += r ? r->bytes : 0;
+    most = std::max(most, bytes);
+  }
+  return most;
+}
+
+std::vector<int64_t> RegionsOf(int64_t comm_id) {
+  std::vector<int64_t> out;
+  for (int64_t a = 1; a < kAlgorithmCount; ++a) {
+    if (HasRegion(comm_id, a)) out.push_back(a);
+  }
+  return out;
 }
 
 int64_t KeyOfGroups(const std::vector<std::vector<int>>& groups) {
@@ -248,9 +349,8 @@ int64_t KeyOfGroups(const std::vector<std::vector<int>>& groups) {
 }
 
 int64_t KeyOf(int64_t comm_id) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) return 0;
-  return KeyOfGroups(g_sets[comm_id]->groups);
+  if (comm_id <= 0 || comm_id >= kMaxCommSets) return 0;
+  return g_keys[comm_id].load(std::memory_order_acquire);
 }
 
 std::vector<ErrorReport> ErrorReports() {
@@ -276,8 +376,12 @@ std::vector<std::vector<Member>> MembersOf(int64_t comm_id) {
     std::vector<Member> members;
     for (size_t i = 0; i < g.size(); ++i, ++next) {
       const DeviceResources& d = *set.devices[next];
-      members.push_back({d.context.ordinal, d.context.rank, d.context.world, d.comm,
-                         d.scratch, ScratchBytes(d.context.world, kLastAlgorithm), &d.context});
+      std::vector<MemberRegion> regions(kAlgorithmCount);
+      for (int64_t a = 1; a < kAlgorithmCount; ++a) {
+        if (d.regions[a]) regions[a] = {d.regions[a]->scratch, d.regions[a]->bytes};
+      }
+      members.push_back({d.context.ordinal, d.context.rank, d.context.world, d.comm, d.state,
+                         std::move(regions), &d.context});
     }
     out.push_back(std::move(members));
   }

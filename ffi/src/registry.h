@@ -1,10 +1,15 @@
-// Communicator registry: NCCL communicators, symmetric scratch windows, peer
-// addresses and per-device epoch counters, created once per set of replica
-// groups and kept for the life of the process.
+// Communicator registry: NCCL communicators, per-device epoch counters and,
+// per algorithm, a symmetric scratch region with its peer addresses; created
+// once per set of replica groups and kept for the life of the process.
+//
+// A set is created without scratch. The region of an algorithm is allocated
+// (and registered as an NCCL window) the first time a lowering picks that
+// algorithm for the set (EnsureRegion), so a process holds only the scratch
+// its programs use (args.h: RegionBytes).
 //
 // Creation is serialised and happens before tracing (from Python, at lowering
 // time). Lookup is lock-free: the execute handler of every device thread reads
-// one atomic pointer and never waits for another thread.
+// atomic pointers and never waits for another thread.
 #ifndef LLAR_REGISTRY_H_
 #define LLAR_REGISTRY_H_
 
@@ -25,12 +30,17 @@ inline constexpr int kMaxCommSets = 256;
 inline constexpr int kMaxOrdinals = 64;
 
 // What one device of a communicator set needs at execute time. Immutable
-// after publication, except the launcher overrides.
+// after publication, except that regions are added (each entry of `args` is
+// set once, from null) and the launcher overrides.
 struct DeviceContext {
   int32_t ordinal = -1;
   int32_t rank = -1;
   int32_t world = 0;             // number of ranks (NCCL's nRanks)
-  AllReduceArgs base{};          // epochs, peer table, rank, world
+  // Per algorithm (indexed like kAlgorithms): the argument block with its
+  // epoch counters, its region's peer table, rank and world; null until the
+  // algorithm's region exists (EnsureRegion). Published with release order
+  // after the region and its table are complete on the device.
+  std::atomic<const AllReduceArgs*> args[kAlgorithmCount]{};
   // The one diagnostic seam, one entry per algorithm (indexed like
   // kAlgorithms): when entry `a` is set, the execute handler launches calls
   // of algorithm `a` through it instead of kAlgorithms[a].launch; calls of
@@ -42,12 +52,34 @@ struct DeviceContext {
 };
 
 // Creates NCCL communicators for `groups` (lists of local CUDA ordinals; one
-// communicator per group, ranks in list order), allocates and registers the
-// symmetric scratch, reads the peer addresses and publishes one
-// DeviceContext per ordinal. Returns the communicator-set id (>= 1).
+// communicator per group, ranks in list order), the device communicators and
+// the per-device state, and publishes one DeviceContext per ordinal, with no
+// scratch region yet. Returns the communicator-set id (>= 1).
 // Throws std::runtime_error with a readable message on any failure.
 LLAR_API int CreateCommSet(const std::vector<std::vector<int>>& groups,
                            uint64_t timeout_ns);
+
+// Allocates `algorithm`'s scratch region (RegionBytes bytes, filled with the
+// entry's fill byte) on every device of `comm_id`, registers it as a
+// symmetric NCCL window (collective over each group), reads the peer
+// addresses, loads the algorithm's kernels and publishes its argument block;
+// a no-op when the region exists. Serialised with creation; safe while
+// programs of the set run (nothing they use changes). Throws
+// std::runtime_error for an unknown set or algorithm or a CUDA/NCCL failure
+// (then the region stays absent and a later call tries again).
+LLAR_API void EnsureRegion(int64_t comm_id, int64_t algorithm);
+
+// True when every device of `comm_id` holds `algorithm`'s region. Lock-free
+// (the FFI instantiate stage calls it, and KeyOf; neither may wait for a
+// creation in progress).
+LLAR_API bool HasRegion(int64_t comm_id, int64_t algorithm);
+
+// The argument block of `algorithm` on `ctx`, or nullptr when its region
+// does not exist (one acquire load; the execute path's lookup).
+inline const AllReduceArgs* ArgsOf(const DeviceContext* ctx, int64_t algorithm) {
+  if (algorithm <= 0 || algorithm >= kAlgorithmCount) return nullptr;
+  return ctx->args[algorithm].load(std::memory_order_acquire);
+}
 
 // A 63-bit fingerprint of the set's groups (FNV-1a over the ordinals). The
 // lowering passes it with the id, so an executable built in another process
@@ -59,9 +91,11 @@ LLAR_API int64_t KeyOfGroups(const std::vector<std::vector<int>>& groups);
 // Lock-free lookup used by the execute handler; nullptr when absent.
 LLAR_API const DeviceContext* Lookup(int64_t comm_id, int32_t ordinal);
 
-// Bytes of symmetric scratch one device of `comm_id` holds (ScratchBytes of
-// its largest group); 0 when the id is unknown.
+// Bytes of symmetric scratch one device of `comm_id` holds: the sum of its
+// regions' RegionBytes for the largest group; 0 when the id is unknown.
 LLAR_API uint64_t ScratchBytesOf(int64_t comm_id);
+// The algorithms whose regions `comm_id` holds, in id order.
+LLAR_API std::vector<int64_t> RegionsOf(int64_t comm_id);
 
 // Error records of every device context that reported a failure.
 struct ErrorReport {
@@ -74,15 +108,19 @@ LLAR_API std::vector<ErrorReport> ErrorReports();
 // For the tools module (kernel bench, call trace, test hooks); never used on
 // the execute path.
 //
-// One device of a set: its NCCL communicator and its scratch window (local
-// address, ScratchBytes(world, <last algorithm>) bytes: every algorithm's region).
+// One device of a set: its NCCL communicator, its state words and, per
+// algorithm, its region (local address and bytes; null and 0 while absent).
+struct MemberRegion {
+  void* scratch = nullptr;
+  uint64_t bytes = 0;
+};
 struct Member {
   int32_t ordinal;
   int32_t rank;
   int32_t world;
   ncclComm_t comm;
-  void* scratch;
-  uint64_t scratch_bytes;
+  uint64_t* state;               // kStateWords (args.h)
+  std::vector<MemberRegion> regions;  // kAlgorithmCount entries
   const DeviceContext* context;
 };
 // The members of `comm_id`, one list per group in rank order; empty when the

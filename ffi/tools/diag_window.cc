@@ -22,8 +22,13 @@ std::map<int64_t, std::vector<const PeerTable*>> g_tables;
 
 
 std::vector<const PeerTable*> Create(int64_t comm_id) {
+  if (MembersOf(comm_id).empty()) {
+    Fail("jax_llar: unknown communicator set " + std::to_string(comm_id));
+  }
+  // The diagnostic tables copy the one-shot's (error record, bound).
+  constexpr int64_t kOneShot = static_cast<int64_t>(Algorithm::kOneShotLL);
+  EnsureRegion(comm_id, kOneShot);
   const auto groups = MembersOf(comm_id);
-  if (groups.empty()) Fail("jax_llar: unknown communicator set " + std::to_string(comm_id));
   const std::vector<Member>& group = groups[0];
   const int n = static_cast<int>(group.size());
   DeviceGuard guard;
@@ -50,7 +55,7 @@ std::vector<const PeerTable*> Create(int64_t comm_id) {
     void* peers[kMaxRanks] = {};
     CheckCuda(ReadLsaPointers(windows[r], n, peers), "reading LSA peer pointers");
     PeerTable table;
-    CheckCuda(cudaMemcpy(&table, group[r].context->base.peers, sizeof(table),
+    CheckCuda(cudaMemcpy(&table, ArgsOf(group[r].context, kOneShot)->peers, sizeof(table),
                          cudaMemcpyDeviceToHost),
               "cudaMemcpy(peer table)");
     for (int p = 0; p < n; ++p) {

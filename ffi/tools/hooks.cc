@@ -29,6 +29,17 @@ struct DeviceHooks {
 std::mutex g_mutex;  // guards g_hooks and serialises the hooks
 std::map<std::pair<int64_t, int32_t>, DeviceHooks> g_hooks;
 
+constexpr int64_t kOneShot = static_cast<int64_t>(Algorithm::kOneShotLL);
+
+// The one-shot's argument block of a member (its region exists: the hooks
+// ensure it first, as a lowering would).
+const AllReduceArgs& OneShotArgs(const Member& m) {
+  const AllReduceArgs* a = ArgsOf(m.context, kOneShot);
+  if (a == nullptr) Fail("jax_llar: the one-shot region is missing on CUDA device " +
+                         std::to_string(m.ordinal));
+  return *a;
+}
+
 std::vector<Member> AllMembers(int64_t comm_id) {
   std::vector<Member> all;
   for (const auto& group : MembersOf(comm_id)) all.insert(all.end(), group.begin(), group.end());
@@ -59,6 +70,8 @@ void ApplyOverride(int64_t comm_id, int32_t ordinal, const DeviceHooks& h) {
 void SetCallTrace(int64_t comm_id, bool on) {
   std::lock_guard<std::mutex> lock(g_mutex);
   DeviceGuard guard;
+  AllMembers(comm_id);  // throws for an unknown set
+  EnsureRegion(comm_id, kOneShot);  // the trace pointer lives in its peer table
   const std::vector<Member> members = AllMembers(comm_id);
   // The traced variant is loaded on every device before any override
   // changes (disabling only returns to launchers loaded before).
@@ -75,7 +88,7 @@ void SetCallTrace(int64_t comm_id, bool on) {
     }
     if (on) CheckCuda(cudaMemset(h.trace_buffer, 0, bytes), "cudaMemset(trace)");
     uint64_t* ptr = on ? h.trace_buffer : nullptr;
-    const PeerTable* table = m.context->base.peers;
+    const PeerTable* table = OneShotArgs(m).peers;
     CheckCuda(cudaMemcpy(reinterpret_cast<char*>(const_cast<PeerTable*>(table)) +
                              offsetof(PeerTable, trace),
                          &ptr, sizeof(ptr), cudaMemcpyHostToDevice),
@@ -98,8 +111,10 @@ std::pair<uint64_t, std::vector<uint64_t>> ReadCallTrace(int64_t comm_id,
   DeviceGuard guard;
   CheckCuda(cudaSetDevice(ordinal), "cudaSetDevice");
   CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  // The one-shot's first counter (0 before its region exists: no call ran).
   uint64_t epoch = 0;
-  CheckCuda(cudaMemcpy(&epoch, m.context->base.epochs, sizeof(epoch), cudaMemcpyDeviceToHost),
+  CheckCuda(cudaMemcpy(&epoch, m.state + EpochSetOffset(Algorithm::kOneShotLL), sizeof(epoch),
+                       cudaMemcpyDeviceToHost),
             "cudaMemcpy(epoch)");
   std::vector<uint64_t> words;
   const auto it = g_hooks.find({comm_id, ordinal});
@@ -123,13 +138,17 @@ void SetEpochForTesting(int64_t comm_id, uint64_t epoch) {
   const std::vector<uint64_t> epochs(kEpochCounters, epoch);
   for (const Member& m : members) {
     CheckCuda(cudaSetDevice(m.ordinal), "cudaSetDevice");
-    // Both sets of counters: the one-shot's and the two-shot's (args.h).
-    for (int set : {0, kTwoShotEpochs}) {
-      CheckCuda(cudaMemcpy(m.context->base.epochs + set, epochs.data(),
+    // Every algorithm's counters, and every region back to its idle fill.
+    for (int a = 1; a < kMaxAlgorithms; ++a) {
+      CheckCuda(cudaMemcpy(m.state + EpochSetOffset(static_cast<Algorithm>(a)), epochs.data(),
                            sizeof(uint64_t) * kEpochCounters, cudaMemcpyHostToDevice),
                 "cudaMemcpy(epochs)");
     }
-    CheckCuda(cudaMemset(m.scratch, 0, m.scratch_bytes), "cudaMemset(scratch)");
+    for (int64_t a = 1; a < kAlgorithmCount; ++a) {
+      if (m.regions[a].scratch == nullptr) continue;
+      CheckCuda(cudaMemset(m.regions[a].scratch, kAlgorithms[a].fill, m.regions[a].bytes),
+                "cudaMemset(scratch)");
+    }
     CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
 }

@@ -32,27 +32,38 @@ ncclDataType_t NcclType(DType d) {
   return ncclFloat32;
 }
 
-enum class Kind { kOneShotLL, kCopy, kNccl };
+// kAlgorithm: one of the extension's algorithms (kAlgorithms), on the set's
+// region for it.
+enum class Kind { kAlgorithm, kCopy, kNccl };
 
-// What one rank launches per call of a one_shot_ll kind.
+constexpr int64_t kOneShot = static_cast<int64_t>(Algorithm::kOneShotLL);
+
+// What one rank launches per call of an algorithm kind.
 struct OneShotPlan {
-  bool diagnostic = false;  // else the production launcher
+  int64_t algorithm = 0;    // kAlgorithms id
+  bool diagnostic = false;  // one_shot_ll only; else the production launcher
   DiagVariant variant = DiagVariant::kLoopback;
   OneShotOptions options;
 };
 
 Kind ParseSpec(const KernelBenchSpec& spec, OneShotPlan* plan) {
   Kind kind;
-  if (spec.kind == "one_shot_ll") {
-    kind = Kind::kOneShotLL;
-  } else if (spec.kind == "copy") {
+  if (spec.kind == "copy") {
     kind = Kind::kCopy;
   } else if (spec.kind == "nccl") {
     kind = Kind::kNccl;
   } else {
-    BadArgument("unknown kind '" + spec.kind + "' (one_shot_ll, copy or nccl)");
+    kind = Kind::kAlgorithm;
+    for (int64_t a = 1; a < kAlgorithmCount; ++a) {
+      if (spec.kind == kAlgorithms[a].name) plan->algorithm = a;
+    }
+    if (plan->algorithm == 0) {
+      std::string known;
+      for (int64_t a = 1; a < kAlgorithmCount; ++a) known += std::string(kAlgorithms[a].name) + ", ";
+      BadArgument("unknown kind '" + spec.kind + "' (" + known + "copy or nccl)");
+    }
   }
-  if (kind != Kind::kOneShotLL) {
+  if (kind != Kind::kAlgorithm || plan->algorithm != kOneShot) {
     if (!spec.variant.empty() || spec.generic || spec.block_lines != 0) {
       BadArgument("variant, generic and block_lines apply to kind one_shot_ll only");
     }
@@ -104,8 +115,11 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const KernelBenchSpec& spec, D
     BadArgument("unknown dtype code " + std::to_string(static_cast<int>(dtype)));
   }
   if (iters < 1 || reps < 1) BadArgument("iters and reps must be positive");
+  if (MembersOf(comm_id).empty()) {
+    BadArgument("unknown communicator set " + std::to_string(comm_id));
+  }
+  if (kind == Kind::kAlgorithm) EnsureRegion(comm_id, plan.algorithm);
   const auto groups = MembersOf(comm_id);
-  if (groups.empty()) BadArgument("unknown communicator set " + std::to_string(comm_id));
   const std::vector<Member>& group = groups[0];
   const int n = static_cast<int>(group.size());
   if (static_cast<int>(inputs.size()) != n) BadArgument("need one input per rank");
@@ -114,11 +128,11 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const KernelBenchSpec& spec, D
     if (x.size() != bytes) BadArgument("the inputs differ in size");
   }
   const size_t elem = (dtype == DType::kF32 || dtype == DType::kI32) ? 4 : 2;
-  if (kind == Kind::kOneShotLL && bytes > kOneShotMaxBytes) {
-    BadArgument("larger than the one-shot limit");
+  if (kind == Kind::kAlgorithm && bytes > kAlgorithms[plan.algorithm].max_bytes) {
+    BadArgument(std::string("larger than the ") + kAlgorithms[plan.algorithm].name + " limit");
   }
   std::vector<const PeerTable*> diag_tables;
-  if (kind == Kind::kOneShotLL && plan.diagnostic &&
+  if (kind == Kind::kAlgorithm && plan.diagnostic &&
       plan.variant == DiagVariant::kSendLoopback) {
     diag_tables = SendLoopbackTables(comm_id);
   }
@@ -127,7 +141,7 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const KernelBenchSpec& spec, D
   // on these devices (XLA programs using the same set) while it does.
   // The tools' kernels it captures (copy, diagnostic variants) are loaded
   // before the capture.
-  const bool tool_kernels = kind == Kind::kCopy || (kind == Kind::kOneShotLL && plan.diagnostic);
+  const bool tool_kernels = kind == Kind::kCopy || (kind == Kind::kAlgorithm && plan.diagnostic);
   for (const Member& m : group) {
     CheckCuda(cudaSetDevice(m.ordinal), "cudaSetDevice");
     CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
@@ -169,16 +183,20 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const KernelBenchSpec& spec, D
         CheckCuda(LaunchCopy(ranks[r].in, ranks[r].out, bytes, ranks[r].stream), "copy launch");
         continue;
       }
-      AllReduceArgs a = group[r].context->base;
+      AllReduceArgs a = *ArgsOf(group[r].context, plan.algorithm);  // ensured above
       a.in = ranks[r].in;
       a.out = ranks[r].out;
       a.n_bytes = static_cast<uint32_t>(bytes);
       if (!diag_tables.empty()) a.peers = diag_tables[r];
-      const cudaError_t e =
-          plan.diagnostic
-              ? LaunchOneShotLLDiag(plan.variant, a, dtype, ranks[r].stream, plan.options)
-              : LaunchOneShotLLWith(a, dtype, ranks[r].stream, plan.options);
-      CheckCuda(e, "one-shot launch");
+      cudaError_t e;
+      if (plan.algorithm != kOneShot) {
+        e = kAlgorithms[plan.algorithm].launch(a, dtype, ranks[r].stream);
+      } else if (plan.diagnostic) {
+        e = LaunchOneShotLLDiag(plan.variant, a, dtype, ranks[r].stream, plan.options);
+      } else {
+        e = LaunchOneShotLLWith(a, dtype, ranks[r].stream, plan.options);
+      }
+      CheckCuda(e, "all-reduce launch");
     }
   }
   for (int r = 0; r < n; ++r) {

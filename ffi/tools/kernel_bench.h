@@ -15,9 +15,9 @@ namespace llar {
 
 // What to run.
 struct KernelBenchSpec {
-  // "one_shot_ll" (the all-reduce kernel, on the set's scratch), "copy" (the
-  // copy kernel, copy.h) or "nccl" (ncclAllReduce, sum, on the set's
-  // communicator).
+  // An algorithm's name in kAlgorithms (its production launcher, on the
+  // set's region for it, allocated if absent), "copy" (the copy kernel,
+  // copy.h) or "nccl" (ncclAllReduce, sum, on the set's communicator).
   std::string kind;
   // one_shot_ll only: "" (the all-reduce), "loopback", "send_loopback" or
   // "traced" (one_shot_ll_diag.h; the traced variant's pointer is null unless

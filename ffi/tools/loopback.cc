@@ -96,19 +96,16 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-bool IsTwoShot(const LoopbackSpec& s) {
-  return s.algorithm == static_cast<int64_t>(Algorithm::kTwoShotLL);
-}
-
 // The first epoch counter of `rank` (the kStateWords state words) that is
 // not start + calls for a warp of the grid in the set of the algorithm that
-// ran (the one-shot's or the two-shot's, args.h), or start for any other warp
-// of either set; "" when all are.
+// ran (args.h: EpochSetOffset), or start for any other warp of any set; ""
+// when all are.
 std::string CheckEpochs(const std::vector<uint64_t>& state, const LoopbackPlan& plan,
-                        uint64_t start, int calls, int rank, bool two_shot) {
+                        uint64_t start, int calls, int rank, int64_t algorithm) {
   const uint32_t warps = plan.threads / kWarpSize;
-  for (const int set : {0, kTwoShotEpochs}) {
-    const bool ran = (set == kTwoShotEpochs) == two_shot;
+  for (int a = 1; a < kMaxAlgorithms; ++a) {
+    const int set = EpochSetOffset(static_cast<Algorithm>(a));
+    const bool ran = a == algorithm;
     for (int b = 0; b < kMaxBlocks; ++b) {
       for (int w = 0; w < kMaxWarps; ++w) {
         const bool in_grid =
@@ -117,8 +114,9 @@ std::string CheckEpochs(const std::vector<uint64_t>& state, const LoopbackPlan& 
         const uint64_t got = state[set + static_cast<size_t>(b) * kMaxWarps + w];
         if (got != want) {
           std::ostringstream m;
-          m << "rank " << rank << (set == 0 ? " one-shot" : " two-shot") << " block " << b
-            << " warp " << w << ": epoch " << got << ", expected " << want;
+          m << "rank " << rank << " algorithm " << a
+            << (a < kAlgorithmCount ? std::string(" (") + kAlgorithms[a].name + ")" : "")
+            << " block " << b << " warp " << w << ": epoch " << got << ", expected " << want;
           return m.str();
         }
       }
@@ -131,41 +129,36 @@ std::string CheckEpochs(const std::vector<uint64_t>& state, const LoopbackPlan& 
 
 LoopbackPlan PlanLoopback(const LoopbackSpec& s, int n_sets) {
   Validate(s, n_sets);
+  const AlgorithmEntry& entry = *FindAlgorithm(s.algorithm);  // Validate checked it
   LoopbackPlan p;
-  const uint32_t lines = (s.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
-  const bool two_shot = IsTwoShot(s);
-  if (two_shot) {
-    const TwoShotGrid g = TwoShotGridFor(lines, s.world);
-    p.blocks = g.blocks;
-    p.lines_per_block = g.lines_per_block;
-    p.threads = g.threads;
-    p.steps = g.steps;
-  } else {
-    const OneShotGrid g = OneShotGridFor(lines, s.block_lines);
+  if (s.block_lines != 0) {  // the one-shot under another grid rule (Validate)
+    const OneShotGrid g =
+        OneShotGridFor((s.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine,
+                       s.block_lines);
     p.blocks = g.blocks;
     p.lines_per_block = g.lines_per_block;
     p.threads = g.threads;
     p.steps = 1;
+  } else {
+    const KernelGrid g = entry.grid(s.n_bytes, s.world);
+    p.blocks = g.blocks;
+    p.lines_per_block = g.lines_per_block;
+    p.threads = g.threads;
+    p.steps = g.steps;
   }
   p.generic_kernel = s.generic || (s.world != 2 && s.world != 4 && s.world != 8);
   DeviceGuard guard;
   CheckCuda(cudaSetDevice(s.ordinal), "cudaSetDevice");
   CheckCuda(cudaDeviceGetAttribute(&p.sms, cudaDevAttrMultiProcessorCount, s.ordinal),
             "cudaDeviceGetAttribute(multiprocessors)");
-  if (two_shot) {
-    CheckCuda(TwoShotLLOccupancy(s.dtype, s.world, p.threads, &p.regs_per_thread,
-                                 &p.blocks_per_sm),
-              "occupancy of the two-shot kernel");
-  } else {
-    CheckCuda(OneShotLLOccupancy(s.dtype, s.world, s.generic, p.threads, &p.regs_per_thread,
-                                 &p.blocks_per_sm),
-              "occupancy of the one-shot kernel");
-  }
+  CheckCuda(entry.occupancy(s.dtype, s.generic ? 0 : s.world, p.threads, &p.regs_per_thread,
+                            &p.blocks_per_sm),
+            (std::string("occupancy of the ") + entry.name + " kernel").c_str());
   p.co_resident = static_cast<uint64_t>(s.world) * p.blocks <=
                   static_cast<uint64_t>(p.sms) * static_cast<uint64_t>(p.blocks_per_sm);
   const uint64_t slots = static_cast<uint64_t>(n_sets) + KeptCalls(s) + 1;
   p.device_bytes = static_cast<uint64_t>(s.world) *
-                   (ScratchBytes(s.world, static_cast<Algorithm>(s.algorithm)) +
+                   (RegionBytes(static_cast<Algorithm>(s.algorithm), s.world) +
                     sizeof(uint64_t) * kStateWords +
                     sizeof(PeerTable) + slots * SlotStride(s));
   return p;
@@ -194,11 +187,10 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
   DeviceGuard guard;
   CheckCuda(cudaSetDevice(s.ordinal), "cudaSetDevice");
   CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before the set-up)");
-  // As CreateGroup: no lazy module load once kernels that wait on each other run.
-  CheckCuda(PreloadOneShotLL(), "loading the one-shot kernels");
-  CheckCuda(PreloadTwoShotLL(), "loading the two-shot kernels");
-  SimulatedRanks rs(W, ScratchBytes(W, static_cast<Algorithm>(s.algorithm)), s.start_epoch,
-                    s.timeout_ns);
+  // As EnsureRegion: no lazy module load once kernels that wait on each other run.
+  CheckCuda(entry.preload(), (std::string("loading the ") + entry.name + " kernels").c_str());
+  const Algorithm algorithm = static_cast<Algorithm>(s.algorithm);
+  SimulatedRanks rs(W, RegionBytes(algorithm, W), entry.fill, s.start_epoch, s.timeout_ns);
   // Inputs: set i of rank r in slot i * W + r. Outputs: kept call k of rank r
   // in slot k * W + r, and every earlier call of rank r in slot kept * W + r.
   const size_t in_slots = static_cast<size_t>(n_sets) * W;
@@ -231,7 +223,7 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
       AllReduceArgs a{};
       a.in = d_inputs + (set * W + r) * stride + s.misalign;
       a.out = d_outputs + (out_row * W + r) * stride + s.misalign;
-      a.epochs = rs.state[r];
+      a.epochs = rs.state[r] + EpochSetOffset(algorithm);
       a.peers = rs.tables[r];
       a.n_bytes = s.n_bytes;
       a.rank = static_cast<uint8_t>(r);
@@ -284,7 +276,7 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
                        cudaMemcpyDeviceToHost);
     if (error == cudaSuccess && res.epoch_mismatch.empty()) {
       res.epoch_mismatch =
-          CheckEpochs(state, res.plan, s.start_epoch, run_calls, r, IsTwoShot(s));
+          CheckEpochs(state, res.plan, s.start_epoch, run_calls, r, s.algorithm);
     }
   }
   if (error != cudaSuccess) {
@@ -300,20 +292,20 @@ std::string CudaErrorText(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
 }
 
-SimulatedRanks::SimulatedRanks(int w, size_t scratch_bytes, uint64_t start_epoch,
+SimulatedRanks::SimulatedRanks(int w, size_t scratch_bytes, uint8_t fill, uint64_t start_epoch,
                                uint64_t timeout_ns)
     : world(w), scratch(w), state(w), tables(w), records(w), streams(w) {
   const size_t state_bytes = sizeof(uint64_t) * kStateWords;
   const std::vector<uint64_t> epochs(kEpochCounters, start_epoch);
   for (int r = 0; r < w; ++r) {
     CheckCuda(cudaMalloc(&scratch[r], scratch_bytes), "cudaMalloc(scratch)");
-    CheckCuda(cudaMemset(scratch[r], 0, scratch_bytes), "cudaMemset(scratch)");
+    CheckCuda(cudaMemset(scratch[r], fill, scratch_bytes), "cudaMemset(scratch)");
     CheckCuda(cudaMalloc(&state[r], state_bytes), "cudaMalloc(epochs)");
     CheckCuda(cudaMemset(state[r], 0, state_bytes), "cudaMemset(epochs)");
-    for (const int set : {0, kTwoShotEpochs}) {  // both sets of counters
+    for (int a = 1; a < kMaxAlgorithms; ++a) {  // every algorithm's counters
       if (start_epoch == 0) break;
-      CheckCuda(cudaMemcpy(state[r] + set, epochs.data(), sizeof(uint64_t) * kEpochCounters,
-                           cudaMemcpyHostToDevice),
+      CheckCuda(cudaMemcpy(state[r] + EpochSetOffset(static_cast<Algorithm>(a)), epochs.data(),
+                           sizeof(uint64_t) * kEpochCounters, cudaMemcpyHostToDevice),
                 "cudaMemcpy(epochs)");
     }
     CheckCuda(cudaMalloc(&tables[r], sizeof(PeerTable)), "cudaMalloc(peer table)");

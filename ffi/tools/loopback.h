@@ -5,9 +5,9 @@
 //
 // The kernels see their peers only through PeerTable::scratch[p] (registry.h
 // resolves those addresses from NCCL at set-up). Here every simulated rank
-// gets, on the one device, what CreateGroup gives a real rank: a zeroed
-// scratch of ScratchBytes(world, algorithm), zeroed epoch counters (both
-// sets, args.h) and claim word, a
+// gets, on the one device, what CreateGroup and EnsureRegion give a real
+// rank: the algorithm's region (RegionBytes, its fill), zeroed epoch
+// counters (every set, args.h) and claim word, a
 // host-mapped ErrorRecord and a PeerTable whose scratch[p] is simulated rank
 // p's scratch on the same device. Each call launches the production launcher
 // (kAlgorithms[algorithm], or LaunchOneShotLLWith for the generic kernel or
@@ -27,8 +27,8 @@
 // other rank has sent, so all ranks' grids must be resident on the device at
 // once; otherwise the resident blocks wait for blocks that cannot start and
 // the bounded waits fail the call. PlanLoopback says whether they fit (from
-// the occupancy of a copy of the production kernels, loopback_occupancy.cu)
-// and RunLoopback refuses a case that does not. Streams map onto
+// the occupancy of the production kernel, the entry's occupancy query) and
+// RunLoopback refuses a case that does not. Streams map onto
 // CUDA_DEVICE_MAX_CONNECTIONS hardware queues (the driver reads it when the
 // context is created); the Python tool sets it to 32 so that every rank's
 // stream has a queue of its own.
@@ -58,12 +58,14 @@ namespace llar {
 inline constexpr uint64_t kHostMarginNs = 5'000'000'000ull;
 
 // What both loopback harnesses (this one and loopback_add_rms_norm.h) give
-// every simulated rank, on the current device, as CreateGroup (registry.cc)
-// gives a real rank: a zeroed scratch of `scratch_bytes`, the kStateWords
-// state words zeroed with every epoch counter of both sets (args.h) at
+// every simulated rank, on the current device, as CreateGroup and
+// EnsureRegion (registry.cc) give a real rank: one algorithm's region of
+// `scratch_bytes` filled with `fill` (kAlgorithms[a].fill), the kStateWords
+// state words zeroed with every epoch counter of every set (args.h) at
 // `start_epoch` (as SetEpochForTesting), a host-mapped zeroed ErrorRecord, a
-// PeerTable whose scratch[p] is simulated rank p's scratch with the bound
-// `timeout_ns`, and a non-blocking stream. Everything is freed by the
+// PeerTable whose scratch[p] is simulated rank p's region with the bound
+// `timeout_ns`, and a non-blocking stream. A launch points
+// AllReduceArgs::epochs at state[r] + EpochSetOffset(algorithm). Everything is freed by the
 // destructor unless `leak` (the host deadline passed while kernels may still
 // use it). Throws std::runtime_error for a CUDA failure.
 struct SimulatedRanks {
@@ -76,7 +78,8 @@ struct SimulatedRanks {
   std::vector<char*> buffers;         // what Alloc gave out
   bool leak = false;
 
-  SimulatedRanks(int world, size_t scratch_bytes, uint64_t start_epoch, uint64_t timeout_ns);
+  SimulatedRanks(int world, size_t scratch_bytes, uint8_t fill, uint64_t start_epoch,
+                 uint64_t timeout_ns);
   ~SimulatedRanks();
   SimulatedRanks(const SimulatedRanks&) = delete;
   SimulatedRanks& operator=(const SimulatedRanks&) = delete;
@@ -121,10 +124,9 @@ struct LoopbackSpec {
 
 // The grid of one rank and whether all ranks' grids fit on the device at once.
 struct LoopbackPlan {
-  uint32_t blocks = 0, lines_per_block = 0, threads = 0;  // per rank (OneShotGridFor,
-                                                          // TwoShotGridFor)
+  uint32_t blocks = 0, lines_per_block = 0, threads = 0;  // per rank (the entry's grid)
   uint32_t steps = 1;           // lines per thread and chunk (two-shot; 1 for the one-shot)
-  int regs_per_thread = 0;      // of the kernel (its copy in the tools library)
+  int regs_per_thread = 0;      // of the kernel (the entry's occupancy query)
   int blocks_per_sm = 0;        // resident blocks of `threads` threads per SM
   int sms = 0;                  // multiprocessors of the device
   bool co_resident = false;     // world * blocks <= sms * blocks_per_sm
@@ -168,17 +170,6 @@ LoopbackPlan PlanLoopback(const LoopbackSpec& spec, int n_sets);
 // std::runtime_error for a CUDA failure while setting up (before any
 // launch); after the first launch every failure is reported in the result.
 LoopbackResult RunLoopback(const LoopbackSpec& spec, const uint8_t* inputs, int n_sets);
-
-// loopback_occupancy.cu: registers per thread and resident blocks per SM of
-// the one-shot kernel that LaunchOneShotLLWith picks for (dtype, world,
-// generic), with `threads` threads per block, on the current device. Asked
-// of a copy of the production kernels compiled into the tools library from
-// the same template and options (the production library exports no kernel).
-cudaError_t OneShotLLOccupancy(DType dtype, int world, bool generic, uint32_t threads,
-                               int* regs_per_thread, int* blocks_per_sm);
-// The same for the two-shot kernel that LaunchTwoShotLL picks for (dtype, world).
-cudaError_t TwoShotLLOccupancy(DType dtype, int world, uint32_t threads,
-                               int* regs_per_thread, int* blocks_per_sm);
 
 }  // namespace llar
 

@@ -113,7 +113,7 @@ FusedLoopbackPlan PlanFusedLoopback(const FusedLoopbackSpec& s) {
     const uint32_t n_bytes = s.rows * s.d * ItemSize(s.dtype);
     const OneShotGrid g = OneShotGridFor(n_bytes / kPayloadBytesPerLine);  // whole lines
     int regs = 0, per_sm = 0, sms = 0;
-    CheckCuda(OneShotLLOccupancy(s.dtype, s.world, false, g.threads, &regs, &per_sm),
+    CheckCuda(OneShotLLOccupancy(s.dtype, s.world, g.threads, &regs, &per_sm),
               "occupancy of the one-shot kernel");
     CheckCuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, s.ordinal),
               "cudaDeviceGetAttribute(multiprocessors)");
@@ -152,8 +152,12 @@ FusedLoopbackResult RunFusedLoopback(const FusedLoopbackSpec& s, const std::vect
   // peers' kernels run, so a first launch inside the loop can deadlock.
   CheckCuda(PreloadOneShotLL(), "loading the one-shot kernels");
   CheckCuda(PreloadOneShotLLAddRmsNorm(), "loading the fused kernels");
-  // What CreateGroup (registry.cc) gives each rank, on one device.
-  SimulatedRanks rs(W, ScratchBytes(W, Algorithm::kOneShotLL), s.start_epoch, s.timeout_ns);
+  // What CreateGroup and EnsureRegion (registry.cc) give each rank, on one
+  // device: the fused kernel runs on the one-shot's region and counters.
+  constexpr Algorithm kExchange = Algorithm::kOneShotLL;
+  SimulatedRanks rs(W, RegionBytes(kExchange, W),
+                    kAlgorithms[static_cast<int>(kExchange)].fill, s.start_epoch,
+                    s.timeout_ns);
   char* d_x = rs.Alloc(W * n_bytes, "cudaMalloc(x)");
   char* d_normed = rs.Alloc(W * n_bytes, "cudaMalloc(normed)");
   char* d_new_residual = rs.Alloc(W * n_bytes, "cudaMalloc(new_residual)");
@@ -175,7 +179,7 @@ FusedLoopbackResult RunFusedLoopback(const FusedLoopbackSpec& s, const std::vect
   for (int c = 0; c < s.calls && error == cudaSuccess && launch_error == cudaSuccess; ++c) {
     for (int r = 0; r < W && launch_error == cudaSuccess; ++r) {
       AllReduceArgs base{};
-      base.epochs = rs.state[r];
+      base.epochs = rs.state[r] + EpochSetOffset(kExchange);
       base.peers = rs.tables[r];
       base.rank = static_cast<uint8_t>(r);
       base.world = static_cast<uint8_t>(W);

@@ -1,7 +1,7 @@
 // Loopback harness of the fused all-reduce + residual add + RMSNorm
 // (src/kernels/one_shot_ll_add_rms_norm.cuh): `world` ranks simulated on ONE
 // GPU, as the all-reduce's loopback harness (loopback.h) simulates them, and
-// with the same set-up per rank (a zeroed scratch of ScratchBytes(world),
+// with the same set-up per rank (the one-shot's region, RegionBytes, zeroed;
 // zeroed epoch counters and claim word, a host-mapped ErrorRecord, a
 // PeerTable whose scratch[p] is simulated rank p's scratch on the same
 // device), each rank's calls on a non-blocking stream of its own. Each call

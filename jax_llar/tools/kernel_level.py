@@ -34,7 +34,8 @@ class KernelImpl:
   """The native kernel bench's arguments for one impl.
 
   Attributes:
-    kind: ``"one_shot_ll"``, ``"copy"`` or ``"nccl"``.
+    kind: an algorithm's short name (``"one_shot_ll"``, ``"two_shot_ll"``,
+      ...), ``"copy"`` or ``"nccl"``.
     variant: one_shot_ll only: ``""`` (the all-reduce), ``"loopback"``,
       ``"send_loopback"`` or ``"traced"``.
     generic: one_shot_ll only: the run-time world-size kernel.
@@ -51,7 +52,8 @@ class KernelImpl:
 
 
 KERNEL_IMPLS = {
-    Algorithm.ONE_SHOT_LL.impl: KernelImpl("one_shot_ll"),
+    # Every algorithm of the extension, through its production launcher.
+    **{a.impl: KernelImpl(a.short_name) for a in Algorithm},
     "kernel.copy": KernelImpl("copy", expect=OWN_INPUT),
     "nccl.allreduce": KernelImpl("nccl", expect=NCCL),
     # Not an all-reduce: one_shot_ll with every peer store looped back into
@@ -80,8 +82,8 @@ class Settings:
 
   Attributes:
     impls: keys of `KERNEL_IMPLS`.
-    sizes: payload bytes per rank (one_shot_ll rows above its limit are
-      skipped).
+    sizes: payload bytes per rank (an algorithm's rows above its
+      ``MAX_BYTES`` are skipped).
     dtypes: ``"f32"``, ``"bf16"``, ``"f16"`` (or the long names).
     iters: calls captured per graph (NCCL: NCCL_ITERS).
     reps: graph replays.
@@ -156,7 +158,7 @@ def run(s: Settings) -> dict:
   devices = jax.devices()[: s.world or jax.device_count()]
   cs = comm.get_or_create([[d.local_hardware_id for d in devices]])
   rng = np.random.default_rng(s.seed)
-  limit = MAX_BYTES[Algorithm.ONE_SHOT_LL]
+  limits = {a.short_name: MAX_BYTES[a] for a in Algorithm}
   rows = []
   if any(KERNEL_IMPLS[i].variant == "traced" for i in s.impls):
     # The trace variant then stores its timestamps, as it would in use.
@@ -168,7 +170,7 @@ def run(s: Settings) -> dict:
       inputs = [testing.random_array(rng, (n,), dtype) for _ in devices]
       for impl in s.impls:
         spec = KERNEL_IMPLS[impl]
-        if spec.kind == "one_shot_ll" and n * dtype.itemsize > limit:
+        if n * dtype.itemsize > limits.get(spec.kind, n * dtype.itemsize):
           continue
         iters = NCCL_ITERS if spec.kind == "nccl" else s.iters
         us, outs = bench(mod, cs.comm_id, spec, inputs, iters, s.reps)

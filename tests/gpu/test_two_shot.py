@@ -105,3 +105,21 @@ def test_two_shot_many_calls_in_one_program(mesh, two_shot):
   for r in range(mesh.size):
     assert testing.bitwise_equal(out[r], out[0])
   assert _took_two_shot(n * 4)
+
+
+def test_regions_follow_the_algorithms_lowered(mesh, two_shot):
+  """A communicator set holds the region of every algorithm a lowering
+  picked, and status() reports exactly their sum."""
+  dtype = np.dtype(np.float32)
+  rng = np.random.default_rng(7)
+  inputs = [testing.random_array(rng, (1024,), dtype) for _ in range(mesh.size)]
+  _check(mesh, inputs, dtype)
+  assert _took_two_shot(1024 * 4)
+  sets = jax_llar.status()["comm_sets"]
+  held = [s for s in sets if "two_shot_ll" in s["regions"]]
+  assert held, sets
+  for s in held:
+    world = s["world_size"]
+    expect = sum(algorithms.region_bytes(algorithms.Algorithm.from_short_name(a), world)
+                 for a in s["regions"])
+    assert s["scratch_bytes_per_device"] == expect, s

@@ -47,22 +47,32 @@ inline constexpr std::size_t kOneShotMaxBytes =
 enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
 
 // The FFI attribute `algorithm`; the execute handler's launcher table
-// (kernels/kernels.h) is indexed by it. The scratch holds one region per
-// algorithm, in this order (ScratchBytes below).
+// (kernels/kernels.h) is indexed by it. Ids are dense, from 1.
+//
+// Scratch regions: every algorithm has a symmetric scratch region of its own
+// (RegionBytes below), allocated per communicator the first time a lowering
+// picks the algorithm (registry.h: EnsureRegion), and a set of
+// kEpochCounters epoch counters of its own (EpochSetOffset). A kernel sees
+// its region through its PeerTable (scratch[p] is the base of the region on
+// rank p; offsets below are from that base) and its counters through
+// AllReduceArgs::epochs.
 enum class Algorithm : int32_t { kOneShotLL = 1, kTwoShotLL = 2 };
+
+// Ids an algorithm may take: 1 .. kMaxAlgorithms - 1. Sizes the per-device
+// state words (one counter set per id), not the launcher table.
+inline constexpr int kMaxAlgorithms = 8;
 
 // Bytes of the one-shot's scratch region per rank for a group of `world`
 // ranks: two halves (epoch parity) x blocks x source ranks x lines x 16 B.
-// The region starts at offset 0 of the scratch.
 constexpr std::size_t OneShotScratchBytes(int world) {
   return std::size_t(2) * kMaxBlocks * std::size_t(world) * kLinesPerBlock *
          kLineBytes;
 }
 
 // Byte offset of line `line` of block `block`, sent by rank `src`, in half
-// `half` of a rank's scratch (the one-shot's region). Computed in 32 bits
-// (the largest offset, below ScratchBytes(kMaxRanks, ...) < 2 GiB): fewer
-// instructions before the first store than 64-bit arithmetic.
+// `half` of the one-shot's region. Computed in 32 bits (every region is
+// below 2 GiB: RegionsFit32Bits): fewer instructions before the first store
+// than 64-bit arithmetic.
 LLAR_HOST_DEVICE constexpr std::size_t ScratchOffset(int half, int block,
                                                      int world, int src,
                                                      int line) {
@@ -105,48 +115,55 @@ LLAR_HOST_DEVICE constexpr uint32_t TwoShotMaxSteps(int world) {
 
 // Bytes of the two-shot's region per rank: steps x two halves x two phases x
 // source ranks x kTwoShotStepLines lines x 16 B (32 MiB for 2, 4, 8 or 16
-// ranks; 36 MiB for 3). It follows the one-shot's region.
+// ranks; 36 MiB for 3).
 constexpr std::size_t TwoShotScratchBytes(int world) {
   return std::size_t(TwoShotMaxSteps(world)) * 2 * kTwoShotPhases * std::size_t(world) *
          kTwoShotStepLines * kLineBytes;
 }
 
-// Bytes of symmetric scratch per rank for a group of `world` ranks that
-// serves `algorithm` and every algorithm before it (Algorithm order: each
-// region follows the previous one). This is all the scratch a communicator
-// allocates (registry.cc) and the loopback harness gives each simulated rank.
-constexpr std::size_t ScratchBytes(int world, Algorithm algorithm) {
-  return OneShotScratchBytes(world) +
-         (algorithm == Algorithm::kTwoShotLL ? TwoShotScratchBytes(world) : 0);
-}
-
-// Byte offset of the slot (step, half, phase, src, block, thread t) in a
-// rank's scratch: in the two-shot region, after the one-shot's. Its position
-// depends only on (step, block, t) besides the half, the phase and the
-// source, never on the grid of the call, so the slot always belongs to warp
-// (block, t / 32) (two_shot_ll.cuh). 32-bit arithmetic as ScratchOffset.
+// Byte offset of the slot (step, half, phase, src, block, thread t) in the
+// two-shot's region. Its position depends only on (step, block, t) besides
+// the half, the phase and the source, never on the grid of the call, so the
+// slot always belongs to warp (block, t / 32) (two_shot_ll.cuh). 32-bit
+// arithmetic as ScratchOffset.
 LLAR_HOST_DEVICE constexpr uint32_t TwoShotOffset(int step, int half, int phase, int world,
                                                   int src, int block, int t) {
-  return uint32_t(world) * (2u * kMaxBlocks * kLinesPerBlock * kLineBytes) +
-         ((((((uint32_t(step) * 2 + uint32_t(half)) * kTwoShotPhases + uint32_t(phase)) *
-                 uint32_t(world) + uint32_t(src)) * kMaxBlocks + uint32_t(block)) *
-               kLinesPerBlock + uint32_t(t)) * kLineBytes);
+  return (((((uint32_t(step) * 2 + uint32_t(half)) * kTwoShotPhases + uint32_t(phase)) *
+                uint32_t(world) + uint32_t(src)) * kMaxBlocks + uint32_t(block)) *
+              kLinesPerBlock + uint32_t(t)) * kLineBytes;
 }
 
-constexpr bool ScratchFits32Bits() {
-  for (int w = 2; w <= kMaxRanks; ++w) {
-    if (ScratchBytes(w, Algorithm::kTwoShotLL) > (std::size_t(1) << 31)) return false;
+// Bytes of `algorithm`'s scratch region per rank for a group of `world`
+// ranks; 0 for an id that is no algorithm. What a communicator allocates per
+// algorithm it serves (registry.cc) and the loopback harness gives each
+// simulated rank.
+constexpr std::size_t RegionBytes(Algorithm algorithm, int world) {
+  switch (algorithm) {
+    case Algorithm::kOneShotLL: return OneShotScratchBytes(world);
+    case Algorithm::kTwoShotLL: return TwoShotScratchBytes(world);
+  }
+  return 0;
+}
+
+constexpr bool RegionsFit32Bits() {
+  for (int a = 1; a < kMaxAlgorithms; ++a) {
+    for (int w = 2; w <= kMaxRanks; ++w) {
+      if (RegionBytes(static_cast<Algorithm>(a), w) > (std::size_t(1) << 31)) return false;
+    }
   }
   return true;
 }
-static_assert(ScratchFits32Bits(), "ScratchOffset's and TwoShotOffset's 32-bit arithmetic");
+static_assert(RegionsFit32Bits(), "the kernels' 32-bit offset arithmetic");
 
-// The per-device state words (device memory, zeroed at creation): the
-// one-shot's kEpochCounters epoch counters, the error claim word, then the
-// two-shot's kEpochCounters counters (two_shot_ll.cuh says why it has its own).
-inline constexpr int kClaimWord = kEpochCounters;
-inline constexpr int kTwoShotEpochs = kEpochCounters + 1;
-inline constexpr int kStateWords = 2 * kEpochCounters + 1;
+// The per-device state words (device memory, zeroed at creation): the error
+// claim word, then one set of kEpochCounters epoch counters per algorithm id
+// (an algorithm's counters advance only with its own calls; the fused
+// all-reduce + add + RMSNorm is the one-shot's exchange and shares its set).
+inline constexpr int kClaimWord = 0;
+LLAR_HOST_DEVICE constexpr int EpochSetOffset(Algorithm algorithm) {
+  return 1 + (static_cast<int>(algorithm) - 1) * kEpochCounters;
+}
+inline constexpr int kStateWords = 1 + (kMaxAlgorithms - 1) * kEpochCounters;
 
 // Filled by the first thread whose bounded wait runs out, in host-mapped
 // memory, so the host can read it even after the kernel has trapped.

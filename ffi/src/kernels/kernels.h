@@ -51,6 +51,33 @@ cudaError_t PreloadKernels(ForKernel for_kernel) {
   }
   return cudaSuccess;
 }
+// The occupancy of the kernel `for_kernel(dtype, world)` with `threads`
+// threads per block on the current device: its registers per thread and
+// resident blocks per multiprocessor (the loopback harness's co-residency
+// check). world 0 asks for the run-time world-size kernel.
+template <typename ForKernel>
+cudaError_t KernelOccupancy(ForKernel for_kernel, DType dtype, int world, uint32_t threads,
+                            int* regs_per_thread, int* blocks_per_sm) {
+  const void* kernel = reinterpret_cast<const void*>(for_kernel(dtype, world));
+  if (kernel == nullptr) return cudaErrorInvalidValue;
+  cudaFuncAttributes attr;
+  const cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
+  if (e != cudaSuccess) return e;
+  *regs_per_thread = attr.numRegs;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel,
+                                                       static_cast<int>(threads), 0);
+}
+
+// The grid of one call of an algorithm, as its launcher computes it:
+// `blocks` blocks of `threads` threads. Contract of every algorithm: each
+// warp of this grid advances its epoch counter (args.h: its algorithm's set)
+// by exactly one per call, and no other counter changes (the loopback
+// harness checks it). lines_per_block and steps are the algorithm's own
+// (one-shot: LL lines per block, 1 step).
+struct KernelGrid {
+  uint32_t blocks, lines_per_block, threads, steps;
+};
+
 struct OneShotGrid {
   uint32_t blocks, lines_per_block, threads;
 };
@@ -71,6 +98,9 @@ LLAR_API cudaError_t LaunchOneShotLLWith(AllReduceArgs args, DType dtype, cudaSt
 // Loads the production kernels' module on the current device, so that no
 // lazy module load happens later inside a captured CUDA graph.
 LLAR_API cudaError_t PreloadOneShotLL();
+LLAR_API KernelGrid OneShotLLGrid(uint32_t n_bytes, int world);
+LLAR_API cudaError_t OneShotLLOccupancy(DType dtype, int world, uint32_t threads,
+                                        int* regs_per_thread, int* blocks_per_sm);
 
 // one_shot_ll_add_rms_norm.cu: the one-shot LL all-reduce fused with the
 // residual add and the RMSNorm that follow it (jax_llar.psum_add_rms_norm).
@@ -121,24 +151,45 @@ struct TwoShotGrid {
 LLAR_API TwoShotGrid TwoShotGridFor(uint32_t lines, int world);
 LLAR_API cudaError_t LaunchTwoShotLL(AllReduceArgs args, DType dtype, cudaStream_t stream);
 LLAR_API cudaError_t PreloadTwoShotLL();
+LLAR_API KernelGrid TwoShotLLGrid(uint32_t n_bytes, int world);
+LLAR_API cudaError_t TwoShotLLOccupancy(DType dtype, int world, uint32_t threads,
+                                        int* regs_per_thread, int* blocks_per_sm);
 
 // The algorithms, indexed by the FFI attribute `algorithm` (Algorithm in
-// args.h); entry 0 is no algorithm. `name` is the key of the Python module's
-// ALGORITHMS and MAX_BYTES; `max_bytes` the largest payload per rank.
+// args.h); entry 0 is no algorithm. Per entry:
+//   name       the key of the Python module's ALGORITHMS and MAX_BYTES;
+//   launch     the production launcher;
+//   max_bytes  the largest payload per rank;
+//   preload    loads every kernel of the algorithm on the current device (run
+//              when a communicator's region for it is allocated);
+//   grid       the grid its launcher uses for a payload and a world size;
+//   occupancy  registers and resident blocks of its kernel for (dtype,
+//              world, threads); world 0: the run-time world-size kernel;
+//   fill       the byte its scratch region holds when allocated (the
+//              protocol's idle state; the LL protocols' is 0, see ll.cuh).
+// The region's size is RegionBytes(algorithm, world) (args.h).
 struct AlgorithmEntry {
   const char* name;
   Launcher launch;
   std::size_t max_bytes;
+  cudaError_t (*preload)();
+  KernelGrid (*grid)(uint32_t n_bytes, int world);
+  cudaError_t (*occupancy)(DType dtype, int world, uint32_t threads, int* regs_per_thread,
+                           int* blocks_per_sm);
+  uint8_t fill;
 };
 inline constexpr AlgorithmEntry kAlgorithms[] = {
-    {nullptr, nullptr, 0},
-    {"one_shot_ll", &LaunchOneShotLL, kOneShotMaxBytes},  // Algorithm::kOneShotLL
-    {"two_shot_ll", &LaunchTwoShotLL, kTwoShotMaxBytes},  // Algorithm::kTwoShotLL
+    {nullptr, nullptr, 0, nullptr, nullptr, nullptr, 0},
+    {"one_shot_ll", &LaunchOneShotLL, kOneShotMaxBytes, &PreloadOneShotLL, &OneShotLLGrid,
+     &OneShotLLOccupancy, 0},  // Algorithm::kOneShotLL
+    {"two_shot_ll", &LaunchTwoShotLL, kTwoShotMaxBytes, &PreloadTwoShotLL, &TwoShotLLGrid,
+     &TwoShotLLOccupancy, 0},  // Algorithm::kTwoShotLL
 };
 inline constexpr int64_t kAlgorithmCount =
     static_cast<int64_t>(sizeof(kAlgorithms) / sizeof(kAlgorithms[0]));
 static_assert(static_cast<int64_t>(Algorithm::kOneShotLL) == 1, "kAlgorithms order");
 static_assert(static_cast<int64_t>(Algorithm::kTwoShotLL) == 2, "kAlgorithms order");
+static_assert(kAlgorithmCount <= kMaxAlgorithms, "args.h: kMaxAlgorithms counter sets");
 
 // The table entry of `algorithm`, or nullptr outside the table.
 inline const AlgorithmEntry* FindAlgorithm(int64_t algorithm) {

@@ -36,4 +36,17 @@ cudaError_t LaunchOneShotLLWith(AllReduceArgs args, DType dtype, cudaStream_t st
 
 cudaError_t PreloadOneShotLL() { return Production::Preload(); }
 
+KernelGrid OneShotLLGrid(uint32_t n_bytes, int world) {
+  (void)world;
+  const OneShotGrid g =
+      OneShotGridFor((n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine);
+  return {g.blocks, g.lines_per_block, g.threads, 1};
+}
+
+cudaError_t OneShotLLOccupancy(DType dtype, int world, uint32_t threads, int* regs_per_thread,
+                               int* blocks_per_sm) {
+  return KernelOccupancy(&Production::For, dtype, world, threads, regs_per_thread,
+                         blocks_per_sm);
+}
+
 }  // namespace llar

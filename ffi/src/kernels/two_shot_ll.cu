@@ -33,4 +33,16 @@ cudaError_t LaunchTwoShotLL(AllReduceArgs args, DType dtype, cudaStream_t stream
 
 cudaError_t PreloadTwoShotLL() { return Production::Preload(); }
 
+KernelGrid TwoShotLLGrid(uint32_t n_bytes, int world) {
+  const TwoShotGrid g =
+      TwoShotGridFor((n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine, world);
+  return {g.blocks, g.lines_per_block, g.threads, g.steps};
+}
+
+cudaError_t TwoShotLLOccupancy(DType dtype, int world, uint32_t threads, int* regs_per_thread,
+                               int* blocks_per_sm) {
+  return KernelOccupancy(&Production::For, dtype, world, threads, regs_per_thread,
+                         blocks_per_sm);
+}
+
 }  // namespace llar

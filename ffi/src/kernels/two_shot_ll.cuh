@@ -25,8 +25,8 @@
 // handling indices first + s * blockDim.x + t for steps s = 0, 1, ... (more
 // than one step only above 64 x 512 lines per chunk, 256 KiB per chunk).
 //
-// Scratch (args.h: TwoShotOffset, TwoShotScratchBytes): the two-shot region
-// follows the one-shot's in every rank's scratch and never overlaps it. Slot
+// Scratch (args.h: TwoShotOffset, TwoShotScratchBytes): the two-shot's own
+// region (AllReduceArgs::peers->scratch[p] is its base on rank p). Slot
 // (step s, half h, phase f, source src, block b, thread t): 16 bytes. Its
 // position depends on neither the grid nor the payload size, only on
 // (s, b, t), so every slot belongs to one warp, (b, t / 32), at every size,
@@ -34,13 +34,12 @@
 // warp's counter. The region holds TwoShotMaxSteps(world) steps, enough for
 // the largest chunk of kTwoShotMaxBytes.
 //
-// Epoch counters (args.h: kTwoShotEpochs): the two-shot has its own set,
-// kEpochCounters words after the one-shot's set and the claim word, and the
-// launcher points AllReduceArgs::epochs at it. Shared counters would let a
+// Epoch counters (args.h: EpochSetOffset): the two-shot has its own set,
+// which AllReduceArgs::epochs points at. Shared counters would let a
 // one-shot call take the re-zeroing epochs of a warp, leaving the two-shot's
-// slots of that warp uncleared for a whole window (or the reverse); with two
-// sets, epoch.cuh's contract and its re-zeroing argument hold for each
-// algorithm on its own, and the one-shot's code is untouched.
+// slots of that warp uncleared for a whole window (or the reverse); with a
+// set per algorithm, epoch.cuh's contract and its re-zeroing argument hold
+// for each algorithm on its own.
 //
 // Why two regions (reduce-scatter and all-gather), each double buffered
 //   Within one call, q's all-gather line to p (slot (q, i)) is sent once q
@@ -272,8 +271,7 @@ struct TwoShotLLKernels {
     return nullptr;
   }
 
-  // Fills in the grid-dependent fields of `a`, points a.epochs at the
-  // two-shot's counters (args.h: kTwoShotEpochs) and launches.
+  // Fills in the grid-dependent fields of `a` and launches.
   static cudaError_t Launch(AllReduceArgs a, DType dtype, cudaStream_t stream) {
     if (a.n_bytes == 0) return cudaSuccess;
     if (a.n_bytes > kTwoShotMaxBytes || a.world < 2 || a.world > kMaxRanks ||
@@ -284,7 +282,6 @@ struct TwoShotLLKernels {
     a.vector_lines = VectorLines(a.n_bytes, {a.in, a.out});
     const TwoShotGrid g = TwoShotGridFor(lines, a.world);
     a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
-    a.epochs += kTwoShotEpochs;
     const Kernel fn = For(dtype, a.world);
     if (fn == nullptr) return cudaErrorInvalidValue;
     fn<<<g.blocks, g.threads, 0, stream>>>(a);
