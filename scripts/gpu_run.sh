@@ -26,6 +26,8 @@
 #           one process each
 #   cg      python examples/cg_solver/main.py (conjugate gradient, time per
 #           iteration against grid size)
+#   gpu1    JAX_LLAR_TEST_GPU=1 pytest tests/gpu1 (the one-GPU suite: the
+#           loopback harness's tests of every algorithm; GPU1_ARGS)
 #   loopback  python -m jax_llar.tools.loopback: world sizes 2-16 simulated on
 #           ONE GPU (the protocol logic and the reduction, not NVLink, no
 #           timings): the matrix with and without synchronising the ranks
@@ -34,7 +36,7 @@
 #           and a rank left out of one call (the others must end in the
 #           bounded-wait error; child processes). Writes $OUT/loopback*.json.
 # Environment: BENCH_ARGS, FLAGS_ARGS, KBENCH_ARGS, SOL_ARGS, GRAPH_ARGS,
-# DEMO_ARGS, SWEEP_ARGS, LOOP_ARGS, LOOPFLAGS_ARGS, CG_ARGS, LOOPBACK_ARGS
+# DEMO_ARGS, SWEEP_ARGS, LOOP_ARGS, LOOPFLAGS_ARGS, CG_ARGS, GPU1_ARGS, LOOPBACK_ARGS
 # (extra flags of those commands; LOOPBACK_ARGS go to the three matrix runs of
 # the loopback stage, LOOPBACK_FAULT_ARGS to its fault run), LLAR_GIT_COMMIT
 # (the commit to record in result files when this copy of the tree is not a
@@ -97,6 +99,7 @@ for s in "${stages[@]}"; do
   case $s in
     build) run_stage build $PY -m pip install --no-build-isolation --no-deps -v -e . || break ;;
     tests) JAX_LLAR_TEST_GPU=1 run_stage tests $PY -m pytest -q -rs -p no:cacheprovider ${TEST_ARGS:-} tests/gpu ;;
+    gpu1) JAX_LLAR_TEST_GPU=1 run_stage gpu1 $PY -m pytest -q -rs -p no:cacheprovider ${GPU1_ARGS:-} tests/gpu1 ;;
     graph) run_stage graph $PY -m jax_llar.tools.graphcheck --timeline_copy --out /tmp/llar_graphcheck ${GRAPH_ARGS:-} ;;
     kbench) run_stage kbench $PY -m jax_llar.tools.bench --level kernel --out "$OUT" ${KBENCH_ARGS:-} ;;
     sol) run_stage sol $PY -m jax_llar.tools.sol --out "$OUT" ${SOL_ARGS:-} \
@@ -116,6 +119,7 @@ done
 echo "==== summary ===="
 printf '%s\n' "${summary[@]}"
 grep -E "passed|failed|error" "$OUT/tests.log" 2>/dev/null | tail -n 3
+grep -E "passed|failed|error" "$OUT/gpu1.log" 2>/dev/null | tail -n 3
 grep -E "us/call" "$OUT/kbench.log" 2>/dev/null | head -n 40
 grep -E "SoL|one-shot kernel|_ns|_us " "$OUT/sol.log" 2>/dev/null
 grep -A30 "^dtype " "$OUT/bench.log" 2>/dev/null | head -n 22
