@@ -235,7 +235,8 @@ FusedLoopbackResult RunFusedLoopback(const FusedLoopbackSpec& s, const std::vect
       OneShotGridFor(static_cast<uint32_t>(n_bytes / kPayloadBytesPerLine));
   std::vector<uint64_t> counters(kEpochCounters);
   for (int r = 0; r < W && error == cudaSuccess; ++r) {
-    error = cudaMemcpy(counters.data(), rs.state[r], sizeof(uint64_t) * kEpochCounters,
+    error = cudaMemcpy(counters.data(), rs.state[r] + EpochSetOffset(kExchange),
+                       sizeof(uint64_t) * kEpochCounters,
                        cudaMemcpyDeviceToHost);
     if (error == cudaSuccess && res.epoch_mismatch.empty()) {
       res.epoch_mismatch = CheckEpochs(counters, s, res.plan.grid, all_reduce_grid, r);
