@@ -27,11 +27,18 @@ Environment variables:
                             path, 0 .. 4194304 (the cap: the largest payload
                             any algorithm serves,
                             ``jax_llar.algorithms.LARGEST_MAX_BYTES``); larger
-                            values are clipped to the cap. Default 262144, the
-                            largest payload the tuning table dispatches
-                            (``DEFAULT_MAX_BYTES``); a forced algorithm that
-                            serves more (JAX_LLAR_ALGORITHM=two_shot_ll, up to
-                            4 MiB) needs a larger value.
+                            values are clipped to the cap. Default: the cap
+                            (``DEFAULT_MAX_BYTES``), so that the tuning
+                            tables and a forced algorithm decide up to their
+                            own limits; a smaller value caps both.
+  JAX_LLAR_TUNING_FILE=PATH a tuning table file (``jax_llar.tuning``) that
+                            serves its architecture and number of ranks ahead
+                            of the tuning directory and the tables shipped
+                            with jax_llar (default: none).
+  JAX_LLAR_TUNING_DIR=PATH  the directory of this machine's tuning tables,
+                            written by ``python -m jax_llar.tools.tune``
+                            (default ~/.cache/jax_llar/tuning); a table there
+                            serves ahead of the shipped one.
 """
 
 from __future__ import annotations
@@ -42,13 +49,16 @@ import os
 
 import jax
 
-from jax_llar.algorithms import LARGEST_MAX_BYTES, MAX_BYTES, Algorithm
+from jax_llar.algorithms import LARGEST_MAX_BYTES, Algorithm
 
 # The cap of max_bytes (bytes per rank).
 MAX_BYTES_CAP = LARGEST_MAX_BYTES
-# The default of max_bytes: the largest payload policy.TUNING_TABLE dispatches
-# (the one-shot's limit; tests/test_policy.py checks that they agree).
-DEFAULT_MAX_BYTES = MAX_BYTES[Algorithm.ONE_SHOT_LL]
+# The default of max_bytes: the cap, so that the tuning tables (each row
+# within its algorithm's MAX_BYTES) and a forced algorithm decide by
+# themselves; the default rule stops at the one-shot's limit.
+DEFAULT_MAX_BYTES = MAX_BYTES_CAP
+# The default of tuning_dir (``~`` is expanded where the directory is read).
+DEFAULT_TUNING_DIR = os.path.join("~", ".cache", "jax_llar", "tuning")
 
 
 _TRUE = ("1", "true", "yes", "on")
@@ -93,6 +103,9 @@ class Settings:
       lax.psum).
     algorithm: "auto" (the tuning table decides) or the short name of the
       algorithm that serves every psum it can (``forced()`` gives it).
+    tuning_file: path of a tuning table that serves its architecture and
+      number of ranks ahead of every other table, or "" (none).
+    tuning_dir: directory of this machine's tuning tables (``~`` allowed).
 
   Raises:
     ValueError: on assignment of an out-of-range value.
@@ -101,6 +114,8 @@ class Settings:
   timeout_ms: int = 30_000
   max_bytes: int = DEFAULT_MAX_BYTES
   algorithm: str = "auto"
+  tuning_file: str = ""
+  tuning_dir: str = DEFAULT_TUNING_DIR
 
   def __setattr__(self, name, value):
     if name == "algorithm":
@@ -115,6 +130,12 @@ class Settings:
       raise ValueError(f"timeout_ms must be a positive int (milliseconds), got {value!r}")
     if name == "max_bytes" and not 0 <= value <= MAX_BYTES_CAP:
       raise ValueError(f"max_bytes must be an int in 0..{MAX_BYTES_CAP}, got {value!r}")
+    if name in ("tuning_file", "tuning_dir"):
+      if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"{name} must be a path (str), got {value!r}")
+      value = os.fspath(value)
+    if name == "tuning_dir" and not value:
+      raise ValueError("tuning_dir must not be empty")
     if name == "disabled":
       if not isinstance(value, (bool, numbers.Integral)):
         raise ValueError(f"disabled must be a bool, got {value!r}")
@@ -144,6 +165,9 @@ def _from_env() -> Settings:
         max_bytes=min(_env_int("JAX_LLAR_MAX_BYTES", DEFAULT_MAX_BYTES),
                       MAX_BYTES_CAP),
         algorithm=os.environ.get("JAX_LLAR_ALGORITHM", "").strip() or "auto",
+        tuning_file=os.environ.get("JAX_LLAR_TUNING_FILE", "").strip(),
+        tuning_dir=(os.environ.get("JAX_LLAR_TUNING_DIR", "").strip()
+                    or DEFAULT_TUNING_DIR),
     )
   except ValueError as e:
     raise ValueError(f"jax_llar settings from the environment: {e}") from None

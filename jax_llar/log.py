@@ -34,14 +34,17 @@ class Decision:
   Attributes:
     reason: ``"fast_path"``, or why lax.psum serves the psum. Payload
       reasons (``jax_llar.policy``): ``"dtype"``, ``"empty"``, ``"mesh"``,
-      ``"world_size"``, ``"size"``; environment reasons
+      ``"world_size"``, ``"size"``, ``"table"`` (the tuning table's row
+      for the size is lax.psum; the detail names the row, as it does for a
+      fast path the table chose); environment reasons
       (``jax_llar.lowering``, checked after them): ``"disabled"``,
       ``"export"``, ``"xla_flags"``, ``"platform"``, ``"multiprocess"``,
       ``"extension"``, ``"communicator"``; psums that only JAX lowers,
       checked first: ``"axis_index_groups"``, ``"positional_axes"``,
-      ``"symbolic_shape"``; after the policy: ``"shape"`` (the fused
-      kernel's shape rule) and ``"partial_manual"`` (a shard_map that leaves
-      mesh axes automatic).
+      ``"symbolic_shape"``; after the policy: ``"architecture"`` (the
+      devices of the groups differ in architecture, so no one tuning table
+      applies), ``"shape"`` (the fused kernel's shape rule) and
+      ``"partial_manual"`` (a shard_map that leaves mesh axes automatic).
     detail: a sentence for the user; for an environment reason it also says
       what would apply on CUDA GPUs that are NVLink peers.
     axes: the reduced axis names.

@@ -11,7 +11,11 @@ rule and is not recorded. For a requested psum, at lowering time, `decide`:
      number of ranks (JAX's own grouping, ``pxla.axis_groups``);
   2. asks the pure policy (``jax_llar.policy.choose``) which algorithm the
      psum itself calls for (psums with ``axis_index_groups`` or positional
-     axes are JAX's);
+     axes are JAX's), with the tuning table for the devices' architecture
+     (their ``compute_capability``) and the number of ranks
+     (``jax_llar.tuning.for_devices``; none: the default rule, said once in
+     the log); devices of several architectures get lax.psum (reason
+     "architecture");
   3. checks the environment, in this order: ``JAX_LLAR_DISABLE``; a lowering
      for ``jax.export``; XLA flags (concurrent command-buffer scheduling);
      the platform (lowering for CUDA alone, devices that are GPUs); one
@@ -54,7 +58,8 @@ from jax._src.lax import parallel as lax_parallel
 from jax._src.lib.mlir import ir
 from jax._src.sharding_impls import SPMDAxisContext
 
-from jax_llar import _ext, comm, log, policy, swap
+from jax_llar import _ext, comm, log, policy, swap, tuning
+from jax_llar.algorithms import MAX_BYTES
 from jax_llar.config import settings
 
 # JAX's primitives that lax.psum, lax.pmean and the transposes of pvary and
@@ -162,6 +167,19 @@ def _on_nvlink_gpus(candidate, op: str = "psum") -> str:
           f"{op} would run {what}")
 
 
+def _log_default_rule(found: tuning.Lookup, source: str) -> None:
+  """Says once per (architecture, ranks) that GPUs of a known architecture
+  have no tuning table (a warning for an explicit jax_llar.psum)."""
+  if found.table is not None or found.refusal or found.architecture is None:
+    return
+  default = policy.DEFAULT_ALGORITHM
+  log.log_once(f"tuning:{found.architecture}:{found.ranks}", (
+      f"jax_llar: {found.note}: the default rule decides ({default.short_name} "
+      f"up to {MAX_BYTES[default]} bytes per rank, lax.psum above); "
+      "python -m jax_llar.tools.tune measures this machine and writes its table"),
+      logging.WARNING if source == "psum" else logging.INFO)
+
+
 def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
            source: str = "psum", axis_index_groups=None,
            for_export: bool = False, op: str = "psum",
@@ -194,6 +212,11 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
     detail). On the fast path the communicator set exists (created here the
     first time its groups are seen). Never raises for an unsupported psum:
     every refusal becomes a lax.psum decision.
+
+  Raises:
+    jax_llar.tuning.TuningTableError: the tuning table for the devices and
+      number of ranks (or JAX_LLAR_TUNING_FILE) is a broken file; the
+      message names it.
   """
   axes = tuple(axes)
   dtype = aval.dtype
@@ -228,11 +251,21 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
     return record("symbolic_shape", "a shape with symbolic dimensions (jax.export "
                   "shape polymorphism): the fast path needs sizes known at lowering")
   # The fused op has one kernel, on the one-shot exchange: the forced
-  # algorithm is the psum's.
-  choice = policy.choose(dtype, nbytes, world, max_bytes=settings.max_bytes,
-                         force=settings.forced() if op == "psum" else None)
+  # algorithm and the tuning tables are the psum's; the default rule serves it.
+  found = None
+  if op == "psum" and groups and world >= 2:
+    found = tuning.for_devices([d for g in groups for d in g], world)
+    _log_default_rule(found, source)
+  choice = policy.choose(
+      dtype, nbytes, world, max_bytes=settings.max_bytes,
+      table=found.table if found is not None else None,
+      force=settings.forced() if op == "psum" else None,
+      no_table=(found.note if found is not None
+                else "the fused kernel exchanges as the one-shot does"))
   if choice.algorithm is None:
     return record(choice.reason, choice.detail)
+  if found is not None and found.refusal is not None:
+    return record("architecture", found.refusal)
   if shape_refusal is not None:
     return record("shape", shape_refusal)
   partial = _automatic_axes(axis_ctx)

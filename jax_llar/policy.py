@@ -1,19 +1,25 @@
 """The dispatch policy: which algorithm, if any, serves a psum.
 
 Pure: a function of the payload (dtype, bytes per rank), the number of ranks
-of the replica groups, the size cap and the tuning table. It does not look at
-devices, the extension, the environment or the log; ``jax_llar.lowering``
-gathers those facts, asks `choose`, and then checks the environment.
+of the replica groups, the size cap, the forced algorithm and the tuning
+table. It does not look at devices, files, the extension, the environment
+or the log; ``jax_llar.lowering`` gathers those facts (the table for the
+devices' architecture and number of ranks comes from ``jax_llar.tuning``),
+asks `choose`, and then checks the environment.
 
-The tuning table maps (number of ranks, bytes per rank) to an algorithm. Each
-entry carries the source of its rule, so that a threshold is never a literal
-without the measurement behind it.
+A tuning table (`TuningTable`) holds, for one GPU architecture and one
+number of ranks, ordered rows ``(max_bytes, algorithm)``: a payload of n
+bytes per rank goes to the first row with n <= max_bytes, and above the last
+row to lax.psum. Where no table exists for the devices and number of ranks,
+the default rule decides: `DEFAULT_ALGORITHM` up to its MAX_BYTES. The
+tables record the measurement behind them (``jax_llar/tuning/``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import re
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -21,40 +27,127 @@ from jax_llar.algorithms import (MAX_BYTES, MAX_RANKS, SUPPORTED_DTYPES,
                                  Algorithm)
 
 # The reasons `choose` gives, in the order it checks them. "fast_path" means
-# an algorithm was chosen.
-REASONS = ("dtype", "empty", "mesh", "world_size", "size", "fast_path")
+# an algorithm was chosen; "table" that the tuning table chose lax.psum for
+# this size (a lax.psum row).
+REASONS = ("dtype", "empty", "mesh", "world_size", "size", "table", "fast_path")
+
+# The algorithm of the default rule, used up to its MAX_BYTES where no tuning
+# table exists for the architecture and number of ranks.
+DEFAULT_ALGORITHM = Algorithm.ONE_SHOT_LL
+
+# The name a table row gives lax.psum.
+LAX_PSUM = "lax.psum"
+
+# Architecture names: "sm_" and the compute capability's major and minor
+# digits (compute capability 9.0 is "sm_90", 10.0 "sm_100").
+ARCHITECTURE_PATTERN = re.compile(r"sm_[1-9][0-9]{1,2}")
 
 
 @dataclasses.dataclass(frozen=True)
-class TuningEntry:
-  """Use `algorithm` for min_ranks <= ranks <= max_ranks and payloads of at
-  most `max_bytes` bytes per rank.
+class TableRow:
+  """One row of a tuning table: payloads up to `max_bytes` bytes per rank
+  (and above the previous row's) go to `algorithm`.
 
   Attributes:
-    algorithm: the kernel.
-    min_ranks, max_ranks: number of ranks of a replica group, inclusive.
-    max_bytes: largest payload per rank (bytes) for this entry; at most the
-      algorithm's MAX_BYTES.
-    source: where the rule comes from (a measurement, or why there is none).
+    max_bytes: largest payload per rank of the row, bytes (> 0).
+    algorithm: the algorithm, or None for lax.psum.
   """
-  algorithm: Algorithm
-  min_ranks: int
-  max_ranks: int
   max_bytes: int
-  source: str
+  algorithm: Algorithm | None
+
+  @property
+  def name(self) -> str:
+    """The algorithm's short name, or ``"lax.psum"``."""
+    return self.algorithm.short_name if self.algorithm is not None else LAX_PSUM
 
 
-TUNING_TABLE: tuple[TuningEntry, ...] = (
-    TuningEntry(
-        Algorithm.ONE_SHOT_LL, 2, 2, MAX_BYTES[Algorithm.ONE_SHOT_LL],
-        "measured on 2 x H200 (NVLink) with jax 0.11.2 and NCCL 2.28.9: "
-        "faster than lax.psum at every size up to the one-shot limit (README, "
-        "performance section; benchmarks/NOTES.md)"),
-    TuningEntry(
-        Algorithm.ONE_SHOT_LL, 3, MAX_RANKS, MAX_BYTES[Algorithm.ONE_SHOT_LL],
-        "not measured (no machine with more than 2 GPUs lent yet): the "
-        "2-rank limit"),
-)
+@dataclasses.dataclass(frozen=True)
+class TuningTable:
+  """The measured dispatch for one GPU architecture and number of ranks.
+
+  Attributes:
+    architecture: e.g. ``"sm_90"`` (compute capability 9.0).
+    ranks: ranks per replica group, 2 .. MAX_RANKS.
+    rows: in increasing `max_bytes`; a payload of n bytes per rank goes to
+      the first row with n <= max_bytes, above the last row to lax.psum.
+      No two neighbouring rows name the same implementation, and the last
+      row is not lax.psum (both would be rows that change nothing).
+    source: where the table was read from (a path), for messages.
+    provenance: how the table was made (``jax_llar.tuning`` documents the
+      keys); not used by the policy.
+
+  Raises:
+    ValueError: a row breaks one of the rules above, or a row's max_bytes
+      exceeds its algorithm's MAX_BYTES; the message names the row.
+
+  Example::
+
+    >>> t = TuningTable("sm_90", 2, (TableRow(262144, Algorithm.ONE_SHOT_LL),))
+    >>> t.row_for(1024)
+    (0, TableRow(max_bytes=262144, algorithm=Algorithm.ONE_SHOT_LL))
+    >>> t.row_for(262145) is None
+    True
+  """
+  architecture: str
+  ranks: int
+  rows: tuple[TableRow, ...]
+  source: str = ""
+  provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict,
+                                                    compare=False)
+
+  def __post_init__(self):
+    if not isinstance(self.architecture, str) or not ARCHITECTURE_PATTERN.fullmatch(
+        self.architecture):
+      raise ValueError(f"architecture must look like 'sm_90', got {self.architecture!r}")
+    if (not isinstance(self.ranks, int) or isinstance(self.ranks, bool)
+        or not 2 <= self.ranks <= MAX_RANKS):
+      raise ValueError(f"ranks must be an int in 2..{MAX_RANKS}, got {self.ranks!r}")
+    previous = None
+    for i, row in enumerate(self.rows):
+      where = f"row {i + 1}"
+      if not isinstance(row, TableRow):
+        raise ValueError(f"{where} is not a TableRow: {row!r}")
+      if (not isinstance(row.max_bytes, int) or isinstance(row.max_bytes, bool)
+          or row.max_bytes <= 0):
+        raise ValueError(f"{where}: max_bytes must be a positive int, got {row.max_bytes!r}")
+      if row.algorithm is not None and not isinstance(row.algorithm, Algorithm):
+        raise ValueError(f"{where}: algorithm must be an Algorithm or None, got "
+                         f"{row.algorithm!r}")
+      if row.algorithm is not None and row.max_bytes > MAX_BYTES[row.algorithm]:
+        raise ValueError(f"{where}: max_bytes {row.max_bytes} is above "
+                         f"{MAX_BYTES[row.algorithm]}, the most {row.name} serves")
+      if previous is not None:
+        if row.max_bytes <= previous.max_bytes:
+          raise ValueError(f"{where}: max_bytes {row.max_bytes} is not above row "
+                           f"{i}'s {previous.max_bytes} (rows must be sorted)")
+        if row.algorithm == previous.algorithm:
+          raise ValueError(f"rows {i} and {i + 1} both choose {row.name}: merge them")
+      previous = row
+    if self.rows and self.rows[-1].algorithm is None:
+      raise ValueError(f"row {len(self.rows)}, the last, chooses lax.psum, which "
+                       "every size above the last row gets anyway: drop it")
+
+  @property
+  def label(self) -> str:
+    """``"sm_90 x 2 ranks"``."""
+    return f"{self.architecture} x {self.ranks} ranks"
+
+  def row_for(self, bytes_per_rank: int) -> tuple[int, TableRow] | None:
+    """(index, row) of the row that serves `bytes_per_rank`, or None above
+    the last row."""
+    for i, row in enumerate(self.rows):
+      if bytes_per_rank <= row.max_bytes:
+        return i, row
+    return None
+
+  def describe_row(self, index: int) -> str:
+    """``"row 1 of the tuning table for sm_90 x 2 ranks (up to 262144 bytes
+    per rank: one_shot_ll; <source>)"``."""
+    row = self.rows[index]
+    low = self.rows[index - 1].max_bytes + 1 if index else 1
+    src = f"; {self.source}" if self.source else ""
+    return (f"row {index + 1} of the tuning table for {self.label} ({low} to "
+            f"{row.max_bytes} bytes per rank: {row.name}{src})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,18 +171,9 @@ def _dtype_or_none(dtype) -> np.dtype | None:
     return None
 
 
-def entry_for(num_ranks: int, bytes_per_rank: int,
-              table: Sequence[TuningEntry] = TUNING_TABLE) -> TuningEntry | None:
-  """The first entry of `table` that covers `num_ranks` and `bytes_per_rank`."""
-  for e in table:
-    if e.min_ranks <= num_ranks <= e.max_ranks and bytes_per_rank <= e.max_bytes:
-      return e
-  return None
-
-
 def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
-           table: Sequence[TuningEntry] = TUNING_TABLE,
-           force: Algorithm | None = None) -> Choice:
+           table: TuningTable | None = None, force: Algorithm | None = None,
+           no_table: str = "no tuning table") -> Choice:
   """Chooses the algorithm for an all-reduce of `bytes_per_rank` bytes of
   `dtype` on each of `num_ranks` ranks, or says why lax.psum serves it.
 
@@ -100,10 +184,15 @@ def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
     "mesh"        the number of ranks is unknown (`num_ranks` is 0: the
                   lowering saw no concrete mesh);
     "world_size"  fewer than 2 or more than MAX_RANKS ranks;
-    "size"        more than `max_bytes` bytes per rank, or no entry of
-                  `table` covers (num_ranks, bytes_per_rank), or more
-                  than the forced algorithm serves;
-    "fast_path"   the forced algorithm, else the first covering entry's.
+    "size"        more than `max_bytes` bytes per rank (the user's cap), or
+                  more than the forced algorithm serves, or above the last
+                  row of `table`, or (no table) more than the default rule's
+                  algorithm serves;
+    "table"       `table`'s row for this size is lax.psum;
+    "fast_path"   the forced algorithm, else the algorithm of `table`'s row
+                  for this size, else (no table) DEFAULT_ALGORITHM.
+  The detail of a decision by the table names the row (`describe_row`); a
+  decision by the default rule says `no_table` and "default rule".
 
   Args:
     dtype: element type (anything ``np.dtype`` accepts; other objects, such
@@ -111,16 +200,25 @@ def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
     bytes_per_rank: payload of one rank, bytes (>= 0).
     num_ranks: ranks per replica group; 0 when unknown.
     max_bytes: the user's cap on bytes per rank (``settings.max_bytes``).
-    table: the tuning table (default: TUNING_TABLE).
+    table: the tuning table for the devices' architecture and `num_ranks`
+      (``jax_llar.tuning.lookup``), or None: the default rule.
     force: an algorithm to use instead of the table's choice wherever it
       can serve the psum (``settings.algorithm``, ``JAX_LLAR_ALGORITHM``);
       its own size limit (MAX_BYTES) and `max_bytes` still apply.
+    no_table: why there is no table, for the detail of a default-rule
+      decision (e.g. "no tuning table for sm_90 x 4 ranks").
 
   Returns:
     A Choice; never raises for an unsupported psum.
 
   Raises:
-    ValueError: `bytes_per_rank`, `num_ranks` or `max_bytes` is negative.
+    ValueError: `bytes_per_rank`, `num_ranks` or `max_bytes` is negative, or
+      `table` is for another number of ranks than `num_ranks`.
+
+  Example::
+
+    >>> choose(np.float32, 1024, 2, max_bytes=4194304).algorithm
+    Algorithm.ONE_SHOT_LL
   """
   if bytes_per_rank < 0 or num_ranks < 0 or max_bytes < 0:
     raise ValueError(f"negative input: bytes_per_rank={bytes_per_rank}, "
@@ -141,6 +239,9 @@ def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
   if num_ranks > MAX_RANKS:
     return Choice(None, "world_size", f"replica groups of {num_ranks} devices "
                   f"exceed the {MAX_RANKS} the kernels serve")
+  if table is not None and table.ranks != num_ranks:
+    raise ValueError(f"the tuning table for {table.label} was given for a psum "
+                     f"over {num_ranks} ranks")
   if bytes_per_rank > max_bytes:
     return Choice(None, "size", f"more than {max_bytes} bytes per rank (the "
                   "size cap, JAX_LLAR_MAX_BYTES)")
@@ -151,9 +252,24 @@ def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
                     "JAX_LLAR_ALGORITHM)")
     return Choice(force, "fast_path", f"{force.short_name} over {num_ranks} "
                   "ranks (forced by JAX_LLAR_ALGORITHM)")
-  entry = entry_for(num_ranks, bytes_per_rank, table)
-  if entry is None:
-    return Choice(None, "size", f"no tuning entry for {num_ranks} ranks and "
-                  f"{bytes_per_rank} bytes per rank")
-  return Choice(entry.algorithm, "fast_path",
-                f"{entry.algorithm.short_name} over {num_ranks} ranks")
+  if table is None:
+    default = DEFAULT_ALGORITHM
+    if bytes_per_rank > MAX_BYTES[default]:
+      return Choice(None, "size", f"more than {MAX_BYTES[default]} bytes per "
+                    f"rank, the most {default.short_name} serves ({no_table}: "
+                    "default rule)")
+    return Choice(default, "fast_path", f"{default.short_name} over {num_ranks} "
+                  f"ranks ({no_table}: default rule)")
+  found = table.row_for(bytes_per_rank)
+  if found is None:
+    src = f" ({table.source})" if table.source else ""
+    if not table.rows:
+      return Choice(None, "size", f"the tuning table for {table.label} chooses "
+                    f"lax.psum at every size{src}")
+    return Choice(None, "size", f"more than {table.rows[-1].max_bytes} bytes per "
+                  f"rank, the last row of the tuning table for {table.label}{src}")
+  index, row = found
+  if row.algorithm is None:
+    return Choice(None, "table", f"lax.psum by {table.describe_row(index)}")
+  return Choice(row.algorithm, "fast_path", f"{row.algorithm.short_name} over "
+                f"{num_ranks} ranks by {table.describe_row(index)}")

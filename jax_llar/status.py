@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from jax_llar import _ext, comm, lowering, swap
+from jax_llar import _ext, comm, lowering, swap, tuning
 from jax_llar.config import settings
 
 
@@ -39,6 +39,15 @@ def status() -> dict[str, Any]:
         scratch regions it holds, allocated when a lowering first picked
         them, ``scratch_bytes_per_device``: their sum);
       ``settings``: the current ``jax_llar.config.settings`` as a dict;
+      ``tuning``: the tuning tables (``jax_llar.tuning``): ``tuning_file``
+        and ``tuning_dir`` (as set), ``shipped`` (file names of the tables
+        shipped with jax_llar), and ``tables``: one dict per (architecture,
+        ranks) a lowering has looked up, with ``architecture``, ``ranks``,
+        ``origin`` ("file", "user", "shipped" or "default"), ``path``,
+        ``rows`` (``max_bytes``, ``algorithm``) and ``provenance`` (the
+        command, result files, commit, date, GPU, jax and NCCL versions and
+        the note of what was not measured); for the default rule ``note``
+        (why no table) and ``rule`` instead of path, rows and provenance;
       ``swap``: ``installed`` (the process-wide swap is on) and
         ``lowering_rules`` (per psum primitive, whether jax_llar's lowering
         rule is still the registered one).
@@ -75,6 +84,10 @@ def status() -> dict[str, Any]:
           for c in comm.comm_sets()
       ],
       "settings": vars(settings).copy(),
+      "tuning": {"tuning_file": settings.tuning_file or None,
+                 "tuning_dir": settings.tuning_dir,
+                 "shipped": tuning.shipped(),
+                 "tables": tuning.tables_seen()},
       "swap": {"installed": swap.installed(),
                "lowering_rules": lowering.rules_active()},
   }

@@ -66,8 +66,26 @@ def test_settings_assignment_is_checked():
   s.max_bytes = 0
   s.timeout_ms = 5
   assert (s.max_bytes, s.timeout_ms) == (0, 5)
-  assert config.settings.max_bytes == config.DEFAULT_MAX_BYTES == 262144  # default
-  assert config.MAX_BYTES_CAP == algorithms.LARGEST_MAX_BYTES == 4194304
+  # The default is the cap: the tuning tables decide up to their own limits.
+  assert config.settings.max_bytes == config.DEFAULT_MAX_BYTES == config.MAX_BYTES_CAP
+  assert config.MAX_BYTES_CAP == algorithms.LARGEST_MAX_BYTES
+  for name, bad in [("tuning_file", None), ("tuning_file", 3), ("tuning_dir", ""),
+                    ("tuning_dir", None)]:
+    with pytest.raises(ValueError, match=name):
+      setattr(s, name, bad)
+
+
+def test_tuning_settings_from_the_environment(monkeypatch, tmp_path):
+  monkeypatch.delenv("JAX_LLAR_TUNING_FILE", raising=False)
+  monkeypatch.delenv("JAX_LLAR_TUNING_DIR", raising=False)
+  s = config._from_env()  # pylint: disable=protected-access
+  assert (s.tuning_file, s.tuning_dir) == ("", config.DEFAULT_TUNING_DIR)
+  assert config.DEFAULT_TUNING_DIR == os.path.join("~", ".cache", "jax_llar", "tuning")
+  s = _settings_with(monkeypatch, JAX_LLAR_TUNING_FILE=f" {tmp_path}/t.json ",
+                     JAX_LLAR_TUNING_DIR=str(tmp_path))
+  assert (s.tuning_file, s.tuning_dir) == (f"{tmp_path}/t.json", str(tmp_path))
+  s.tuning_dir = tmp_path  # a path object is kept as its string
+  assert s.tuning_dir == str(tmp_path)
 
 
 # --- status ----------------------------------------------------------------------

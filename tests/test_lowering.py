@@ -200,8 +200,10 @@ def test_concurrent_command_buffer_scheduling_falls_back(monkeypatch):
 
 def test_decide_size_threshold(monkeypatch):
   ctx, axes = _ctx(), ("b",)
-  limit = llar_settings.max_bytes
-  assert limit == 256 * 1024 == MAX_BYTES[ONE_SHOT_LL]
+  # CPU devices have no architecture, so no tuning table: the default rule
+  # (the one-shot up to its limit) under the default cap (4 MiB).
+  limit = MAX_BYTES[ONE_SHOT_LL]
+  assert limit == 256 * 1024 < llar_settings.max_bytes
   at = _decide(ctx, _aval((limit // 4,)), axes)
   above = _decide(ctx, _aval((limit // 4 + 1,)), axes)
   assert (at.reason, above.reason) == ("platform", "size")
@@ -340,7 +342,7 @@ def fake_extension(monkeypatch):
 
 def test_decide_gpu_branches(fake_extension):
   ctx, axes = gpu_ctx(), ("b",)
-  limit = llar_settings.max_bytes
+  limit = MAX_BYTES[ONE_SHOT_LL]  # FakeGpu has no architecture: the default rule
   d = _decide(ctx, _aval((limit // 2,), np.float16), axes)
   assert (d.impl, d.reason, d.comm_id, d.comm_key, d.world_size) == (
       "llar.one_shot_ll", "fast_path", 5, 1234, 4)

@@ -1,0 +1,623 @@
+"""Tuning tables: the measured dispatch per GPU architecture and number of ranks.
+
+A tuning table says, for psums over `ranks` ranks on GPUs of one
+architecture ("sm_90" for compute capability 9.0), which implementation
+serves each payload size per rank: ordered rows ``{max_bytes, algorithm}``,
+where algorithm is an ``Algorithm`` short name or ``"lax.psum"``; a payload
+of n bytes per rank goes to the first row with n <= max_bytes, and above the
+last row to lax.psum (``jax_llar.policy.TuningTable`` holds the rules). Where
+no table exists, the default rule decides (``policy.DEFAULT_ALGORITHM``, the
+one-shot LL, up to its MAX_BYTES).
+
+For an (architecture, ranks) pair the table comes from, in this order:
+  1. ``settings.tuning_file`` (``JAX_LLAR_TUNING_FILE``), when that file is
+     for the pair (a file for another pair leaves the pair to 2-4);
+  2. ``<settings.tuning_dir>/<architecture>-<ranks>ranks.json``
+     (``JAX_LLAR_TUNING_DIR``, default ``~/.cache/jax_llar/tuning``): this
+     machine's table, written by ``python -m jax_llar.tools.tune``;
+  3. the table shipped with jax_llar, ``jax_llar/tuning/<same name>``;
+  4. none: the default rule.
+A file is read the first time a lowering needs its pair, and again after it
+changes; a program lowered before keeps its decisions (jit's cache: assign a
+setting, or restart, to lower again). A file that breaks the format raises
+`TuningTableError`, naming the file, from the lowering that reads it.
+
+File format (JSON, one table per file)::
+
+  {"format": "jax_llar.tuning/1", "architecture": "sm_90", "ranks": 2,
+   "rows": [{"max_bytes": 262144, "algorithm": "one_shot_ll"}],
+   "provenance": {"command": ..., "results_files": [...], ...}}
+
+``provenance`` says how the table was made; its keys `PROVENANCE_KEYS` are
+required (a value may be null where the measurement did not record it):
+the command that made the table, the result files it was built from and
+their SHA-256, the commit, date, GPU name and count, jax and NCCL versions of
+the measurement, where the architecture came from, the rule that chose
+(`RULE`), what was measured (sizes, dtypes, implementations) and a note on
+what the table cannot know (sizes and algorithms not measured). It may also
+hold ``evidence``: the per-step times behind each size's choice.
+
+Building a table (`build_tables`, shared by ``python -m jax_llar.tools.tune``
+and its ``--from_results`` mode): from JAX-level result files (rows of
+``jax_llar.tools.jax_level``: per implementation, dtype and size, the
+per-step time of a jitted chain and whether its output was bitwise correct),
+per number of ranks, per size, the rule `RULE` picks an implementation;
+neighbouring sizes with the same pick merge into one row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import threading
+from typing import Any, Iterable, Mapping, Sequence
+
+from jax_llar import policy
+from jax_llar.algorithms import MAX_BYTES, Algorithm
+from jax_llar.config import settings
+
+FORMAT = "jax_llar.tuning/1"
+
+# The tables shipped with jax_llar (package data: pyproject.toml's
+# wheel.packages copies every file of the package that git does not ignore).
+SHIPPED_DIR = pathlib.Path(__file__).resolve().parent / "tuning"
+
+PROVENANCE_KEYS = ("command", "results_files", "results_sha256", "commit", "date",
+                   "gpu", "gpu_count", "jax", "nccl", "architecture_from", "rule",
+                   "measured", "note")
+
+# Default margin of the rule: a jax_llar algorithm replaces lax.psum at a size
+# only when it is at least this much faster there, for every dtype measured.
+DEFAULT_MARGIN = 0.05
+
+RULE = ("per size: the jax_llar algorithms whose rows are bitwise correct and "
+        "ran on their fast path for every dtype measured at that size compete; "
+        "each scores its largest ratio of per-step time to lax.psum's over the "
+        "dtypes, and the lowest score (then the lowest algorithm id) is the "
+        "best; the best replaces lax.psum only when its score is at most "
+        "1 - margin (margin {margin}), else lax.psum serves the size (noise "
+        "and ties go to lax.psum). Neighbouring sizes with the same choice "
+        "merge into one row whose max_bytes is the largest such size; a "
+        "payload between two measured sizes takes the larger size's choice, "
+        "payloads below the smallest measured size the first row's, payloads "
+        "above the largest lax.psum.")
+
+
+class TuningTableError(ValueError):
+  """A tuning table file that cannot be used; the message names the file."""
+
+
+class TuningBuildError(ValueError):
+  """Result files from which no table can be built; the message says why."""
+
+
+def file_name(architecture: str, ranks: int) -> str:
+  """``"sm_90-2ranks.json"``: the name of the table for the pair in the
+  tuning directory and among the shipped tables."""
+  return f"{architecture}-{ranks}ranks.json"
+
+
+def architecture_name(compute_capability) -> str | None:
+  """``"sm_90"`` for the compute capability ``"9.0"`` (``"10.0"``:
+  ``"sm_100"``); None for anything else (None, ``""``, ``"9"``)."""
+  parts = str(compute_capability or "").strip().split(".")
+  if len(parts) != 2 or not all(p.isdigit() for p in parts):
+    return None
+  name = f"sm_{int(parts[0])}{int(parts[1])}"
+  return name if policy.ARCHITECTURE_PATTERN.fullmatch(name) else None
+
+
+def architecture_of(device) -> str | None:
+  """The architecture of a ``jax.Device``: from its ``compute_capability``
+  (CUDA devices have it, e.g. ``"9.0"``), or None (not a CUDA GPU, or no
+  such attribute)."""
+  if getattr(device, "platform", None) != "gpu":
+    return None
+  return architecture_name(getattr(device, "compute_capability", None))
+
+
+# --- reading and writing ------------------------------------------------------
+
+
+def _fail(source, problem: str, hint: str = "") -> TuningTableError:
+  return TuningTableError(f"jax_llar tuning table {source}: {problem}"
+                          + (f" ({hint})" if hint else ""))
+
+
+def from_dict(data: Any, source: str = "") -> policy.TuningTable:
+  """The table a file's JSON content describes.
+
+  Args:
+    data: the parsed JSON (see the module docstring).
+    source: the file's path, for messages and ``TuningTable.source``.
+
+  Returns:
+    a validated ``policy.TuningTable`` whose ``provenance`` is the file's.
+
+  Raises:
+    TuningTableError: wrong format tag, missing or unknown keys, an unknown
+      algorithm, rows not sorted or above an algorithm's MAX_BYTES, ranks
+      outside 2..MAX_RANKS, a bad architecture name, missing provenance keys.
+
+  Example::
+
+    >>> t = from_dict({"format": FORMAT, "architecture": "sm_90", "ranks": 2,
+    ...                "rows": [{"max_bytes": 1024, "algorithm": "one_shot_ll"}],
+    ...                "provenance": {k: None for k in PROVENANCE_KEYS}}, "t.json")
+    >>> t.label, t.row_for(1024)[1].name, t.row_for(1025)
+    ('sm_90 x 2 ranks', 'one_shot_ll', None)
+  """
+  if not isinstance(data, dict):
+    raise _fail(source, "not a JSON object")
+  if data.get("format") != FORMAT:
+    raise _fail(source, f"format must be {FORMAT!r}, got {data.get('format')!r}")
+  keys = {"format", "architecture", "ranks", "rows", "provenance"}
+  if set(data) != keys:
+    missing, extra = sorted(keys - set(data)), sorted(set(data) - keys)
+    raise _fail(source, "keys must be " + ", ".join(sorted(keys))
+                + (f"; missing {', '.join(missing)}" if missing else "")
+                + (f"; unknown {', '.join(extra)}" if extra else ""))
+  prov = data["provenance"]
+  if not isinstance(prov, dict):
+    raise _fail(source, "provenance must be a JSON object")
+  missing = [k for k in PROVENANCE_KEYS if k not in prov]
+  if missing:
+    raise _fail(source, f"provenance lacks {', '.join(missing)}")
+  if not isinstance(data["rows"], list):
+    raise _fail(source, "rows must be a list")
+  rows = []
+  for i, r in enumerate(data["rows"]):
+    if not isinstance(r, dict) or set(r) != {"max_bytes", "algorithm"}:
+      raise _fail(source, f"row {i + 1} must be an object with exactly max_bytes "
+                  f"and algorithm, got {r!r}")
+    name = r["algorithm"]
+    if name == policy.LAX_PSUM:
+      algorithm = None
+    else:
+      try:
+        algorithm = Algorithm.from_short_name(name)
+      except ValueError as e:
+        raise _fail(source, f"row {i + 1}: {e} or {policy.LAX_PSUM}") from None
+    rows.append(policy.TableRow(r["max_bytes"], algorithm))
+  try:
+    return policy.TuningTable(data["architecture"], data["ranks"], tuple(rows),
+                              source=str(source), provenance=prov)
+  except ValueError as e:
+    raise _fail(source, str(e)) from None
+
+
+def to_dict(table: policy.TuningTable) -> dict[str, Any]:
+  """The JSON content of `table` (inverse of `from_dict`)."""
+  return {"format": FORMAT, "architecture": table.architecture, "ranks": table.ranks,
+          "rows": [{"max_bytes": r.max_bytes, "algorithm": r.name} for r in table.rows],
+          "provenance": dict(table.provenance)}
+
+
+def dumps(data: Mapping[str, Any]) -> str:
+  """The text of a table file: JSON, two-space indent, a final newline."""
+  return json.dumps(data, indent=2) + "\n"
+
+
+def load(path, *, hint: str = "") -> policy.TuningTable:
+  """Reads and validates the table file at `path`.
+
+  Raises:
+    TuningTableError: the file cannot be read, is not JSON, or breaks the
+      format (`from_dict`); `hint` is added to the message.
+  """
+  path = os.fspath(path)
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+  except OSError as e:
+    raise _fail(path, f"cannot be read: {e.strerror or e}", hint) from None
+  except ValueError as e:
+    raise _fail(path, f"is not JSON: {e}", hint) from None
+  try:
+    return from_dict(data, path)
+  except TuningTableError as e:
+    raise TuningTableError(str(e) + (f" ({hint})" if hint else "")) from None
+
+
+def write(data: Mapping[str, Any], directory) -> str:
+  """Validates the table `data` and writes it to
+  ``<directory>/<architecture>-<ranks>ranks.json`` (replacing a file of that
+  name at once, never half-written). Returns the path.
+
+  Raises:
+    TuningTableError: `data` breaks the format.
+    OSError: the directory cannot be created or written.
+  """
+  table = from_dict(data, "(to be written)")
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, file_name(table.architecture, table.ranks))
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(dumps(data))
+  os.replace(tmp, path)
+  return path
+
+
+# --- which table serves a psum ------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Lookup:
+  """Which table serves psums of one architecture and number of ranks.
+
+  Attributes:
+    architecture: e.g. ``"sm_90"``; None when unknown (devices that are not
+      CUDA GPUs) or not one (devices of several architectures).
+    ranks: ranks per replica group.
+    table: the table, or None (the default rule).
+    origin: ``"file"`` (settings.tuning_file), ``"user"`` (the tuning
+      directory), ``"shipped"``, or ``"default"`` (no table).
+    note: for the default rule, why there is no table (e.g. ``"no tuning
+      table for sm_90 x 4 ranks"``); else the table's path.
+    refusal: why no decision may be taken for the group (its devices differ
+      in architecture), or None.
+  """
+  architecture: str | None
+  ranks: int
+  table: policy.TuningTable | None
+  origin: str
+  note: str
+  refusal: str | None = None
+
+  def to_dict(self) -> dict[str, Any]:
+    """What ``jax_llar.status()`` reports for the pair."""
+    d: dict[str, Any] = {"architecture": self.architecture, "ranks": self.ranks,
+                         "origin": self.origin, "path": None, "rows": None,
+                         "provenance": None}
+    if self.table is None:
+      d["note"] = self.note
+      d["rule"] = (self.refusal or f"default rule: {policy.DEFAULT_ALGORITHM.short_name} "
+                   f"up to {MAX_BYTES[policy.DEFAULT_ALGORITHM]} bytes per rank, "
+                   "lax.psum above")
+      return d
+    p = self.table.provenance
+    d["path"] = self.table.source
+    d["rows"] = [{"max_bytes": r.max_bytes, "algorithm": r.name} for r in self.table.rows]
+    d["provenance"] = {k: p.get(k) for k in ("command", "results_files", "commit", "date",
+                                             "gpu", "gpu_count", "jax", "nccl", "note")}
+    return d
+
+
+_lock = threading.Lock()
+_files: dict[str, tuple[tuple[int, int], policy.TuningTable]] = {}
+_seen: dict[tuple[str | None, int], Lookup] = {}
+
+
+def _read(path: str, hint: str = "") -> policy.TuningTable:
+  """`load`, cached while the file's mtime and size stay the same."""
+  st = os.stat(path)
+  key = (st.st_mtime_ns, st.st_size)
+  with _lock:
+    hit = _files.get(path)
+  if hit is not None and hit[0] == key:
+    return hit[1]
+  table = load(path, hint=hint)
+  with _lock:
+    _files[path] = (key, table)
+  return table
+
+
+def _lookup(architecture: str | None, ranks: int) -> Lookup:
+  forced = settings.tuning_file
+  if forced:
+    path = os.path.abspath(os.path.expanduser(forced))
+    hint = "JAX_LLAR_TUNING_FILE / settings.tuning_file names it"
+    if not os.path.isfile(path):
+      raise _fail(path, "does not exist", hint)
+    table = _read(path, hint)  # read for every pair: a broken file fails early
+    if (table.architecture, table.ranks) == (architecture, ranks):
+      return Lookup(architecture, ranks, table, "file", path)
+  if architecture is None:
+    return Lookup(None, ranks, None, "default",
+                  "architecture unknown (the devices are not CUDA GPUs)")
+  name = file_name(architecture, ranks)
+  for origin, directory, hint in (
+      ("user", os.path.expanduser(settings.tuning_dir),
+       "the tuning directory, JAX_LLAR_TUNING_DIR: fix, delete or re-run "
+       "python -m jax_llar.tools.tune"),
+      ("shipped", str(SHIPPED_DIR), "shipped with jax_llar: reinstall it")):
+    path = os.path.abspath(os.path.join(directory, name))
+    if not os.path.isfile(path):
+      continue
+    table = _read(path, hint)
+    if (table.architecture, table.ranks) != (architecture, ranks):
+      raise _fail(path, f"holds the table for {table.label}, but its name is for "
+                  f"{architecture} x {ranks} ranks", hint)
+    return Lookup(architecture, ranks, table, origin, path)
+  return Lookup(architecture, ranks, None, "default",
+                f"no tuning table for {architecture} x {ranks} ranks")
+
+
+def lookup(architecture: str | None, ranks: int) -> Lookup:
+  """The table that serves psums over `ranks` ranks on GPUs of
+  `architecture` (None: unknown), by the precedence of the module
+  docstring; remembered for ``jax_llar.status()``.
+
+  Raises:
+    TuningTableError: settings.tuning_file names a missing or broken file
+      (checked whatever the pair), or the file for the pair in the tuning
+      directory or among the shipped tables is broken or holds another
+      pair's table.
+  """
+  found = _lookup(architecture, ranks)
+  with _lock:
+    _seen[(architecture, ranks)] = found
+  return found
+
+
+def for_devices(devices: Iterable, ranks: int) -> Lookup:
+  """`lookup` for a psum over `ranks` ranks on `devices` (every device of
+  its replica groups). Devices of several architectures get no table and a
+  `Lookup.refusal`: one psum takes one decision for all of its devices.
+
+  Raises:
+    TuningTableError: as `lookup`.
+  """
+  archs = {architecture_of(d) for d in devices}
+  if len(archs) > 1:
+    names = ", ".join(sorted(a or "unknown" for a in archs))
+    found = Lookup(None, ranks, None, "default",
+                   f"devices of several architectures ({names})",
+                   refusal=f"the devices of the replica groups differ in "
+                           f"architecture ({names}): one psum needs one decision "
+                           "for all of them")
+    with _lock:
+      _seen[(None, ranks)] = found
+    return found
+  return lookup(archs.pop() if archs else None, ranks)
+
+
+def tables_seen() -> list[dict[str, Any]]:
+  """What ``jax_llar.status()`` reports: per (architecture, ranks) that a
+  lowering looked up, the table in use (origin, path, rows, provenance
+  summary) or the default rule and why; sorted by architecture and ranks."""
+  with _lock:
+    found = list(_seen.values())
+  return [f.to_dict() for f in sorted(found, key=lambda f: (f.architecture or "", f.ranks))]
+
+
+def shipped() -> list[str]:
+  """Names of the shipped table files."""
+  return sorted(p.name for p in SHIPPED_DIR.glob("*ranks.json"))
+
+
+def clear_cache() -> None:
+  """Forgets the tables read and the pairs looked up (a test's, or after
+  writing a table in this process)."""
+  with _lock:
+    _files.clear()
+    _seen.clear()
+
+
+# --- building tables from measurements -----------------------------------------
+
+
+def _sha256(path: str) -> str:
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+def _nccl(code) -> str | None:
+  if not isinstance(code, int) or code <= 0:
+    return None
+  return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+
+
+def _joined(values: Iterable) -> Any:
+  """One value when all agree, else the distinct values joined by ", "."""
+  vals = []
+  for v in values:
+    if v not in vals:
+      vals.append(v)
+  if len(vals) == 1:
+    return vals[0]
+  return ", ".join(str(v) for v in vals)
+
+
+def _architecture_of_results(result: Mapping[str, Any]) -> str | None:
+  """The architecture a result file records (``architecture``, or the
+  environment's ``compute_capabilities``), or None."""
+  if result.get("architecture"):
+    return str(result["architecture"])
+  caps = (result.get("env") or {}).get("compute_capabilities") or []
+  archs = {architecture_name(c) for c in caps}
+  if len(archs) == 1 and None not in archs:
+    return archs.pop()
+  return None
+
+
+def _implementation(row: Mapping[str, Any]) -> str | None:
+  """``"lax.psum"``, an algorithm's short name, or None (a row the table
+  does not use: the copy calls, diagnostics, lax.psum under XLA flags).
+
+  A jax_llar row names the algorithm that ran in ``algorithm`` (None: it
+  fell back, and is not used); a row without that key is the algorithm its
+  impl ``llar.<name>`` names, true of files written before the JAX level
+  recorded it (jax_llar then had that one algorithm on its fast path)."""
+  impl = row.get("impl")
+  if impl == policy.LAX_PSUM:
+    return policy.LAX_PSUM
+  if not isinstance(impl, str) or not impl.startswith("llar."):
+    return None
+  name = row["algorithm"] if "algorithm" in row else impl[len("llar."):]
+  if name is None:
+    return None
+  try:
+    return Algorithm.from_short_name(name).short_name
+  except ValueError:
+    raise TuningBuildError(f"row {impl} names no algorithm jax_llar has "
+                           f"({name!r})") from None
+
+
+def _choose(times: Mapping[str, Mapping[str, float]], fast: Mapping[str, bool],
+            margin: float) -> tuple[str, dict[str, float]]:
+  """(choice, score per algorithm) at one size by `RULE`. `times`: impl ->
+  dtype -> us per step; `fast`: algorithm -> ran on its fast path at every
+  dtype."""
+  psum = times[policy.LAX_PSUM]
+  scores = {}
+  for name, by_dtype in times.items():
+    if name == policy.LAX_PSUM or not fast.get(name):
+      continue
+    if set(by_dtype) != set(psum):
+      continue  # not measured at every dtype lax.psum was
+    scores[name] = max(by_dtype[d] / psum[d] for d in psum)
+  if not scores:
+    return policy.LAX_PSUM, scores
+  best = min(scores, key=lambda n: (scores[n], int(Algorithm.from_short_name(n))))
+  return (best if scores[best] <= 1 - margin else policy.LAX_PSUM), scores
+
+
+def build_tables(paths: Sequence[str], *, command: str,
+                 architecture: str | None = None,
+                 margin: float = DEFAULT_MARGIN) -> list[dict[str, Any]]:
+  """Tuning tables, one per number of ranks, from JAX-level result files.
+
+  Reads the rows of each file (``jax_llar.tools.bench --level jax`` or
+  ``jax_llar.tools.tune``): per implementation (``lax.psum``,
+  ``llar.<algorithm>``; other rows are ignored), world size, dtype and
+  bytes per rank, the per-step time ``us_per_call`` and ``correct``.
+  Chooses per size by `RULE` and merges neighbouring sizes into rows.
+
+  Args:
+    paths: the result files, as they are to be recorded (relative to the
+      working directory, or absolute).
+    command: the command line that builds the table, recorded.
+    architecture: e.g. ``"sm_90"``, for files that do not record it (the
+      JAX level's environment block recorded GPU names only before
+      ``compute_capabilities`` was added); must agree with a file that does.
+    margin: see `RULE`; 0 <= margin < 1.
+
+  Returns:
+    one table per number of ranks, as the JSON content of a table file
+    (``from_dict`` accepts each), in increasing ranks.
+
+  Raises:
+    TuningBuildError: no usable rows; a used row is not correct (a wrong
+      result is never tuned around: the run must be repeated); a size
+      without a lax.psum row or with a non-positive time; a row measured
+      twice; the architecture unknown or contradicting; margin out of range.
+    OSError, ValueError: a file cannot be read or is not JSON.
+  """
+  if not 0 <= margin < 1:
+    raise TuningBuildError(f"margin must be in [0, 1), got {margin}")
+  results = []
+  for p in paths:
+    with open(p, encoding="utf-8") as f:
+      results.append(json.load(f))
+  archs = {a for a in map(_architecture_of_results, results) if a is not None}
+  if len(archs) > 1:
+    raise TuningBuildError(f"the result files are from several architectures: "
+                           f"{', '.join(sorted(archs))}")
+  if archs and architecture is not None and architecture not in archs:
+    raise TuningBuildError(f"--architecture {architecture} contradicts the result "
+                           f"files' {archs.pop()}")
+  if archs:
+    arch, arch_from = archs.pop(), "the result files' compute capabilities"
+  elif architecture is not None:
+    arch = architecture
+    gpus = _joined(d for r in results for d in (r.get("env") or {}).get("devices") or [])
+    arch_from = (f"given on the command line (the result files record the GPU "
+                 f"names only: {gpus})")
+  else:
+    raise TuningBuildError("the result files do not record the GPUs' compute "
+                           "capability: give the architecture (e.g. sm_90)")
+  if not policy.ARCHITECTURE_PATTERN.fullmatch(arch):
+    raise TuningBuildError(f"architecture must look like 'sm_90', got {arch!r}")
+
+  # world -> bytes -> impl -> dtype -> (us, fast)
+  data: dict[int, dict[int, dict[str, dict[str, tuple[float, bool]]]]] = {}
+  bad = []
+  for path, result in zip(paths, results):
+    for row in result.get("rows") or []:
+      name = _implementation(row)
+      if name is None:
+        continue
+      where = (f"{path}: {row['impl']} {row['dtype']} {row['bytes_per_rank']} B "
+               f"{row['world_size']} ranks")
+      if row.get("correct") is not True:
+        bad.append(where)
+        continue
+      us = float(row["us_per_call"])
+      if us <= 0:
+        raise TuningBuildError(f"{where}: per-step time {us} us is not positive "
+                               "(noise around a cost near zero: measure with longer chains)")
+      fast = name == policy.LAX_PSUM or row.get("fast_path") is True
+      cell = data.setdefault(int(row["world_size"]), {}).setdefault(
+          int(row["bytes_per_rank"]), {}).setdefault(name, {})
+      if row["dtype"] in cell:
+        raise TuningBuildError(f"{where}: measured twice")
+      cell[row["dtype"]] = (us, fast)
+  if bad:
+    raise TuningBuildError("rows whose output matched no reference (repeat the "
+                           "run; no table is built around a wrong result): "
+                           + "; ".join(bad[:10]))
+  if not data:
+    raise TuningBuildError("no lax.psum or jax_llar rows in " + ", ".join(paths))
+
+  envs = [r.get("env") or {} for r in results]
+  tables = []
+  for world in sorted(data):
+    sizes = sorted(data[world])
+    choices, evidence = [], []
+    for size in sizes:
+      cell = data[world][size]
+      if policy.LAX_PSUM not in cell:
+        raise TuningBuildError(f"{size} B at {world} ranks has no lax.psum row: "
+                               "every size needs lax.psum measured in the same run")
+      times = {n: {d: v[0] for d, v in by.items()} for n, by in cell.items()}
+      fast = {n: all(v[1] for v in by.values()) for n, by in cell.items()}
+      choice, scores = _choose(times, fast, margin)
+      if choice != policy.LAX_PSUM and size > MAX_BYTES[Algorithm.from_short_name(choice)]:
+        raise TuningBuildError(f"{choice} measured on its fast path at {size} B, above "
+                               "its MAX_BYTES")
+      choices.append(choice)
+      evidence.append({"bytes_per_rank": size, "choice": choice,
+                       "us_per_step": times,
+                       "score": {n: round(s, 4) for n, s in scores.items()},
+                       "not_fast": sorted(n for n, f in fast.items() if not f)})
+    rows: list[dict[str, Any]] = []
+    for size, choice in zip(sizes, choices):
+      if rows and rows[-1]["algorithm"] == choice:
+        rows[-1]["max_bytes"] = size
+      else:
+        rows.append({"max_bytes": size, "algorithm": choice})
+    while rows and rows[-1]["algorithm"] == policy.LAX_PSUM:
+      rows.pop()
+    measured_impls = sorted({n for s in sizes for n in data[world][s]},
+                            key=lambda n: (n != policy.LAX_PSUM, n))
+    dtypes = sorted({d for s in sizes for by in data[world][s].values() for d in by})
+    note = (f"Chooses only among what was measured on {world} ranks: "
+            f"{', '.join(measured_impls)}; any other algorithm was never measured "
+            f"here, so this table never chooses it. Sizes {sizes[0]} to {sizes[-1]} "
+            f"bytes per rank were measured ({len(sizes)} sizes): smaller payloads "
+            f"take the first row's choice, larger ones lax.psum.")
+    provenance = {
+        "command": command,
+        "results_files": list(paths),
+        "results_sha256": [_sha256(p) for p in paths],
+        "commit": _joined(e.get("git_commit") for e in envs),
+        "date": _joined(e.get("date") for e in envs),
+        "gpu": _joined(d for e in envs for d in e.get("devices") or []),
+        "gpu_count": _joined(e.get("device_count") for e in envs),
+        "jax": _joined(e.get("jax") for e in envs),
+        "nccl": _joined(_nccl(e.get("nccl_runtime")) for e in envs),
+        "architecture_from": arch_from,
+        "rule": RULE.format(margin=margin),
+        "measured": {"sizes": sizes, "dtypes": dtypes, "implementations": measured_impls},
+        "note": note,
+        "evidence": evidence,
+    }
+    table = {"format": FORMAT, "architecture": arch, "ranks": world, "rows": rows,
+             "provenance": provenance}
+    from_dict(table, f"(built from {', '.join(paths)})")  # the rules hold
+    tables.append(table)
+  return tables
