@@ -19,6 +19,7 @@ PROGRAMS = {
     "sol": [sys.executable, "-m", "jax_llar.tools.sol", "--help"],
     "graphcheck": [sys.executable, "-m", "jax_llar.tools.graphcheck", "--help"],
     "loopback": [sys.executable, "-m", "jax_llar.tools.loopback", "--help"],
+    "tune": [sys.executable, "-m", "jax_llar.tools.tune", "--help"],
     "tp_decode": [sys.executable, "examples/tp_decode/main.py", "--help"],
 }
 

@@ -31,6 +31,7 @@ described in benchmarks/METHOD.md in the repository.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -40,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -253,6 +254,31 @@ def check(impl: str, out: np.ndarray, inputs: Sequence[np.ndarray], k: int, dtyp
   return None
 
 
+@contextlib.contextmanager
+def forcing(algorithm: Algorithm) -> Iterator[None]:
+  """Lowerings inside run `algorithm` wherever it serves
+  (``settings.algorithm``), with the size cap at its largest
+  (``settings.max_bytes``); both are restored on exit. A program compiled
+  inside (``.lower(...).compile()``) keeps the forced algorithm; a jitted
+  function called outside is lowered again with the settings then."""
+  from jax_llar.config import MAX_BYTES_CAP, settings
+  old = (settings.algorithm, settings.max_bytes)
+  settings.algorithm, settings.max_bytes = algorithm.short_name, MAX_BYTES_CAP
+  try:
+    yield
+  finally:
+    settings.algorithm, settings.max_bytes = old
+
+
+def _ran(k: int, nbytes: int, dtype) -> Algorithm | None:
+  """The algorithm the last `k` recorded decisions ran, when all of them
+  are for `nbytes` of `dtype` and ran the same one; else None (lax.psum)."""
+  last = jax_llar.dispatch_log()[-k:]
+  algs = {d.algorithm for d in last
+          if d.bytes_per_rank == nbytes and d.dtype == str(np.dtype(dtype))}
+  return algs.pop() if len(last) == k and len(algs) == 1 else None
+
+
 def _time_once(fn, x) -> float:
   t0 = time.perf_counter()
   fn(x).block_until_ready()
@@ -285,7 +311,8 @@ def _mean_of(profile: dict | None, key: str) -> float | None:
 
 def measure(impls: Sequence[str], mesh: Mesh, dtype, nbytes: int, k_short: int,
             k_long: int, calls: int, rounds: int, rng: np.random.Generator,
-            timeline: bool = False) -> list[dict]:
+            timeline: bool = False,
+            forced: Mapping[str, Algorithm] | None = None) -> list[dict]:
   """Per-step time of each impl's chain at one size (one row per impl).
 
   Each impl gets its own random inputs and is checked first (see the module
@@ -295,10 +322,17 @@ def measure(impls: Sequence[str], mesh: Mesh, dtype, nbytes: int, k_short: int,
   of the machine affects all impls alike. Per-step time = (median of all
   long calls - median of all short calls) / (k_long - k_short).
 
+  `forced` maps jax_llar impls (``llar.<name>``) to the algorithm each must
+  run: its chains are compiled ahead of time under `forcing`, and its row's
+  ``fast_path`` is True only when every psum of the short chain ran that
+  algorithm (the dispatch log says which ran).
+
   Row keys: impl, world_size, dtype, bytes_per_rank, us_per_call (the
   slope, microseconds per step), us_round_min / us_round_max /
   us_round_median, k_short, k_long, calls_each, t_short_ms, t_long_ms,
   correct, reference, references_tried, fast_path (jax_llar rows; else None),
+  algorithm (the algorithm a jax_llar impl ran on the short chain; None for
+  a fallback and for the other impls),
   device_period_us, device_mean_period_us, device_profile.
   """
   impls = list(impls)
@@ -310,10 +344,24 @@ def measure(impls: Sequence[str], mesh: Mesh, dtype, nbytes: int, k_short: int,
   for impl in impls:
     inputs = [testing.random_array(rng, (n,), dtype) for _ in range(world)]
     x = jax.device_put(np.concatenate(inputs), sharding)
-    f_short = chain(impl, mesh, k_short, dtype)
-    f_long = chain(impl, mesh, k_long, dtype)
+    algorithm = (forced or {}).get(impl)
+    ran = None
+    if algorithm is None:
+      f_short = chain(impl, mesh, k_short, dtype)
+      f_long = chain(impl, mesh, k_long, dtype)
+    else:
+      with forcing(algorithm):
+        f_short = chain(impl, mesh, k_short, dtype).lower(x).compile()
+        ran = _ran(k_short, n * dtype.itemsize, dtype)
+        f_long = chain(impl, mesh, k_long, dtype).lower(x).compile()
     out = np.asarray(f_short(x)).reshape(world, n)
-    fast = _took_fast_path(n * dtype.itemsize, dtype) if impl.startswith("llar.") else None
+    if algorithm is not None:
+      fast = ran is algorithm
+    elif impl.startswith("llar."):
+      fast = _took_fast_path(n * dtype.itemsize, dtype)
+      ran = _ran(k_short, n * dtype.itemsize, dtype)
+    else:
+      fast = None
     refs = references_for(impl, platform, fast)
 
     def lax_psum_output(x=x):  # compiled only when a fallback is checked
@@ -322,7 +370,7 @@ def measure(impls: Sequence[str], mesh: Mesh, dtype, nbytes: int, k_short: int,
     ref = check(impl, out, inputs, k_short, dtype, refs, lax_psum_output)
     f_long(x).block_until_ready()
     state[impl] = dict(x=x, f_short=f_short, f_long=f_long, reference=ref, refs=refs,
-                       fast=fast, slopes=[], ts=[], tl=[])
+                       fast=fast, ran=ran, slopes=[], ts=[], tl=[])
   per_round = max(1, calls // rounds)
   for r in range(rounds):
     order = impls[r % len(impls):] + impls[: r % len(impls)]
@@ -353,6 +401,7 @@ def measure(impls: Sequence[str], mesh: Mesh, dtype, nbytes: int, k_short: int,
         "reference": st["reference"],
         "references_tried": list(st["refs"]),
         "fast_path": st["fast"],
+        "algorithm": st["ran"].short_name if st["ran"] is not None else None,
         "device_period_us": _mean_of(profile, "period_us_median"),
         "device_mean_period_us": _mean_of(profile, "period_us_mean"),
         "device_profile": profile,

@@ -54,7 +54,8 @@ def git_commit() -> str | None:
 
 def environment() -> dict[str, Any]:
   """The environment block of a result file: date (UTC), jax and jaxlib
-  versions, Python, devices, ``XLA_FLAGS``, git commit, nvidia-smi's GPU
+  versions, Python, devices (kinds and compute capabilities), ``XLA_FLAGS``,
+  git commit, nvidia-smi's GPU
   names and driver, the CUDA platform version, NCCL runtime and compiled
   versions, the NCCL library path, and the extension's build record (NCCL
   headers, CUDA version and architectures; None without a CUDA build).
@@ -66,6 +67,9 @@ def environment() -> dict[str, Any]:
       "jax": jax.__version__,
       "python": platform.python_version(),
       "devices": [d.device_kind for d in jax.devices()],
+      # CUDA devices' compute capabilities ("9.0"); None for other devices.
+      "compute_capabilities": [getattr(d, "compute_capability", None)
+                               for d in jax.devices()],
       "device_count": jax.device_count(),
       "xla_flags": os.environ.get("XLA_FLAGS", ""),
       "git_commit": git_commit(),

@@ -1,0 +1,257 @@
+"""Measures this machine and writes the tuning tables jax_llar dispatches by.
+
+  python -m jax_llar.tools.tune                        measure, write the tables
+  python -m jax_llar.tools.tune --from_results FILE    build them from saved results
+
+Measuring needs 2+ CUDA GPUs driven by this process and the CUDA extension.
+For each number of ranks the local GPUs can form (2, 4, 8, 16 up to their
+number, and their number), each payload size per rank (powers of two from
+--min_bytes to --max_bytes, or --sizes) and each dtype, it times lax.psum and
+every jax_llar algorithm that serves the size, each forced in turn, with the
+JAX level's method: the per-step slope of a jitted chain of K all-reduces
+between two chain lengths, every output first checked bitwise against its
+reference on random data in the same run. Above --long_chain_bytes the
+chains are shortened in proportion to the size (at least 16 and 2 steps), so
+that a 64 MiB step does not take as long as 256 thousand small ones.
+
+Then, per number of ranks, it builds a table by the rule of
+jax_llar.tuning.RULE: per size the fastest algorithm replaces lax.psum only
+when it beats lax.psum by --margin for every dtype; neighbouring sizes with
+the same choice merge into one row; sizes above the last row go to
+lax.psum. A row whose output matched no reference stops the build (the
+measurements are still saved). The tables go to --out (default: the tuning
+directory, JAX_LLAR_TUNING_DIR, ~/.cache/jax_llar/tuning), where jax_llar
+reads them ahead of its shipped tables; the measurements go to
+--results_out as <machine>-<yyyymmdd>-tune.json. A long run prints a line
+per size with the time left, estimated from the mean time per measurement
+so far (larger sizes take longer, so early estimates run low). Narrow a run
+with --ranks, --min_bytes, --max_bytes, --dtypes and --algorithms, and join
+runs with --from_results a.json,b.json.
+
+With --from_results the tables are built from saved JAX-level result files
+(this tool's, or python -m jax_llar.tools.bench --level jax) without
+measuring; --architecture names the GPUs' architecture (e.g. sm_90) where
+the files do not record their compute capability. The method: the
+repository's benchmarks/METHOD.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from absl import flags
+
+from jax_llar import tuning
+from jax_llar.algorithms import MAX_BYTES, MAX_RANKS, Algorithm
+from jax_llar.config import settings
+from jax_llar.tools import _cli, host, report
+from jax_llar.tools.tune_plan import (chain_lengths, default_ranks, default_sizes,
+                                      from_results_command)
+
+_NAMES = [a.short_name for a in Algorithm]
+
+FROM_RESULTS = flags.DEFINE_list(
+    "from_results", None,
+    "Build the tables from these saved JAX-level result files instead of "
+    "measuring (comma list; no GPU needed).")
+ARCHITECTURE = flags.DEFINE_string(
+    "architecture", None,
+    "With --from_results: the GPUs' architecture, e.g. sm_90 (compute "
+    "capability 9.0), for result files that do not record it.")
+OUT = flags.DEFINE_string(
+    "out", None,
+    "Folder for the tables (default: the tuning directory, JAX_LLAR_TUNING_DIR, "
+    "~/.cache/jax_llar/tuning).")
+RESULTS_OUT = flags.DEFINE_string(
+    "results_out", None,
+    "Folder for the measurements' result file (default: the tables' folder).")
+RANKS = flags.DEFINE_list(
+    "ranks", None,
+    "Numbers of ranks to measure (default: 2, 4, 8, 16 up to the local GPUs, "
+    "and their number).")
+SIZES = flags.DEFINE_list(
+    "sizes", None, "Payload sizes, bytes per rank (default: powers of two from "
+    "--min_bytes to --max_bytes).")
+MIN_BYTES = flags.DEFINE_integer("min_bytes", 8, "Smallest payload, bytes per rank.",
+                                 lower_bound=1)
+MAX_BYTES_FLAG = flags.DEFINE_integer("max_bytes", 64 << 20,
+                                      "Largest payload, bytes per rank.", lower_bound=1)
+DTYPES = flags.DEFINE_list("dtypes", ["f32", "bf16"],
+                           "Element types: f32, bf16, f16 (or float32, bfloat16, float16).")
+ALGORITHMS = flags.DEFINE_list("algorithms", _NAMES,
+                               "jax_llar algorithms to measure (lax.psum always is).")
+K_SHORT = flags.DEFINE_integer("k_short", 32, "Short chain length, steps.", lower_bound=1)
+K_LONG = flags.DEFINE_integer("k_long", 512, "Long chain length, steps.", lower_bound=2)
+LONG_CHAIN_BYTES = flags.DEFINE_integer(
+    "long_chain_bytes", 256 << 10,
+    "Above this payload per rank the chains are shortened in proportion.",
+    lower_bound=1)
+CALLS = flags.DEFINE_integer("calls", 60,
+                             "Timed calls per chain length and implementation.",
+                             lower_bound=1)
+ROUNDS = flags.DEFINE_integer("rounds", 6, "Interleaved timing rounds.", lower_bound=1)
+MARGIN = flags.DEFINE_float(
+    "margin", tuning.DEFAULT_MARGIN,
+    "How much faster than lax.psum (a fraction) an algorithm must be at a size, "
+    "for every dtype, to replace it there.", lower_bound=0.0, upper_bound=0.99)
+SEED = flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
+
+flags.register_validator(
+    "dtypes", lambda v: bool(v) and all(d in ("f32", "bf16", "f16", "float32",
+                                              "bfloat16", "float16") for d in v),
+    "--dtypes must name f32, bf16 or f16 (or float32, bfloat16, float16)")
+flags.register_validator(
+    "algorithms", lambda v: all(a in _NAMES for a in v),
+    "--algorithms must name " + ", ".join(_NAMES))
+flags.register_validator(
+    "sizes", lambda v: v is None or all(s.isdigit() and int(s) > 0 for s in v),
+    "--sizes must be positive integers (bytes per rank)")
+flags.register_validator(
+    "ranks", lambda v: v is None or all(s.isdigit() and 2 <= int(s) <= MAX_RANKS for s in v),
+    f"--ranks must be integers in 2..{MAX_RANKS}")
+
+
+@flags.multi_flags_validator(["k_short", "k_long"],
+                             message="--k_long must be larger than --k_short")
+def _chain_lengths(v) -> bool:
+  return v["k_long"] > v["k_short"]
+
+
+def _out_dir() -> str:
+  return OUT.value or os.path.expanduser(settings.tuning_dir)
+
+
+def write_tables(tables) -> None:
+  """Writes each table to the tables' folder and prints its rows."""
+  for t in tables:
+    path = tuning.write(t, _out_dir())
+    rows = ", ".join(f"<= {r['max_bytes']} B: {r['algorithm']}" for r in t["rows"]) or (
+        "lax.psum at every size")
+    print(f"{t['architecture']} x {t['ranks']} ranks: {rows}")
+    print(f"  wrote {path}")
+
+
+def _duration(s: float) -> str:
+  s = int(round(s))
+  return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def _cuda_devices() -> tuple[list, str | None]:
+  """The local CUDA devices, or ([], why not)."""
+  if not host.gpu_present():
+    return [], "no NVIDIA GPU on this machine (or JAX_PLATFORMS excludes CUDA)"
+  import jax
+  try:
+    return list(jax.local_devices(backend="gpu")), None
+  except RuntimeError as e:
+    return [], f"JAX cannot use the GPUs: {e}"
+
+
+def measure() -> int:
+  """Measures and writes the tables; the exit status."""
+  devices, why = _cuda_devices()
+  if len(devices) < 2:
+    print("jax_llar.tools.tune: measuring needs at least 2 CUDA GPUs driven by this "
+          f"process; found {len(devices)}" + (f" ({why})" if why else "") + ". "
+          "--from_results builds tables from saved results without GPUs.")
+    return 1
+  if settings.disabled:
+    print("jax_llar.tools.tune: JAX_LLAR_DISABLE is set, so every jax_llar "
+          "algorithm would measure lax.psum; unset it")
+    return 1
+  from jax_llar import _ext
+  if _ext.load() is None:
+    print(f"jax_llar.tools.tune: the CUDA extension is not active: {_ext.reason()}")
+    return 1
+  archs = {tuning.architecture_of(d) for d in devices}
+  if len(archs) != 1 or None in archs:
+    print("jax_llar.tools.tune: the GPUs differ in architecture or have none known: "
+          + ", ".join(sorted(str(a) for a in archs)))
+    return 1
+  arch = archs.pop()
+
+  import numpy as np
+  from jax.sharding import Mesh
+  import jax_llar
+  from jax_llar.tools import jax_level
+
+  ranks = [int(r) for r in RANKS.value] if RANKS.value else default_ranks(len(devices))
+  too_many = [r for r in ranks if r > len(devices)]
+  if too_many:
+    print(f"jax_llar.tools.tune: --ranks {too_many} exceed the {len(devices)} local GPUs")
+    return 1
+  sizes = ([int(s) for s in SIZES.value] if SIZES.value
+           else default_sizes(MIN_BYTES.value, MAX_BYTES_FLAG.value))
+  algorithms = [Algorithm.from_short_name(a) for a in ALGORITHMS.value]
+  units = [(r, s, d) for r in ranks for s in sorted(sizes) for d in DTYPES.value]
+
+  def impls_at(size):
+    return ["lax.psum"] + [a.impl for a in algorithms if MAX_BYTES[a] >= size]
+
+  total = sum(len(impls_at(s)) for _, s, _ in units)
+  print(f"jax_llar.tools.tune: {arch}, {len(devices)} GPUs; ranks {ranks}; "
+        f"{len(sizes)} sizes from {min(sizes)} to {max(sizes)} B; dtypes "
+        f"{', '.join(DTYPES.value)}: {len(units)} measurements, {total} "
+        "implementation runs",
+        flush=True)
+  rng = np.random.default_rng(SEED.value)
+  rows, done, t0 = [], 0, time.monotonic()
+  for i, (r, size, dt_name) in enumerate(units):
+    mesh = Mesh(np.array(devices[:r]), ("x",))
+    impls = impls_at(size)
+    ks, kl = chain_lengths(size, K_SHORT.value, K_LONG.value, LONG_CHAIN_BYTES.value)
+    got = jax_level.measure(impls, mesh, jax_level.DTYPES[dt_name], size, ks, kl,
+                            CALLS.value, ROUNDS.value, rng,
+                            forced={a.impl: a for a in algorithms})
+    rows += got
+    done += len(impls)
+    elapsed = time.monotonic() - t0
+    left = elapsed / done * (total - done)
+    times = ", ".join(
+        f"{x['impl'].removeprefix('llar.')} {x['us_per_call']:.2f}"
+        + ("" if x["correct"] else " WRONG")
+        + ("" if x["fast_path"] is not False else " (fell back)") for x in got)
+    print(f"[{i + 1}/{len(units)}] {r} ranks {size} B {dt_name} (K {ks}/{kl}): "
+          f"{times} us/step; {_duration(elapsed)} elapsed, about "
+          f"{_duration(left)} left", flush=True)
+  result = {"env": report.environment(), "level": "tune", "architecture": arch,
+            "rows": rows,
+            "settings": {"ranks": ranks, "sizes": sorted(sizes), "dtypes": DTYPES.value,
+                         "algorithms": ALGORITHMS.value, "k_short": K_SHORT.value,
+                         "k_long": K_LONG.value,
+                         "long_chain_bytes": LONG_CHAIN_BYTES.value,
+                         "calls": CALLS.value, "rounds": ROUNDS.value,
+                         "margin": MARGIN.value, "seed": SEED.value},
+            "dispatch": [d.to_dict() for d in jax_llar.dispatch_log()][-50:]}
+  paths = report.save(result, RESULTS_OUT.value or _out_dir(), report.stem("tune"),
+                      plot_title=report.machine_name())
+  print(f"saved {', '.join(paths)}")
+  command = " ".join(["python -m jax_llar.tools.tune"] + sys.argv[1:])
+  try:
+    tables = tuning.build_tables([paths[0]], command=command, margin=MARGIN.value)
+  except tuning.TuningBuildError as e:
+    print(f"jax_llar.tools.tune: no table written: {e}")
+    return 1
+  write_tables(tables)
+  return 0
+
+
+def main() -> int:
+  if FROM_RESULTS.value:
+    paths = list(FROM_RESULTS.value)
+    try:
+      tables = tuning.build_tables(
+          paths, command=from_results_command(paths, ARCHITECTURE.value, MARGIN.value),
+          architecture=ARCHITECTURE.value, margin=MARGIN.value)
+      write_tables(tables)
+    except (tuning.TuningBuildError, OSError, ValueError) as e:
+      print(f"jax_llar.tools.tune: no table written: {e}")
+      return 1
+    return 0
+  return measure()
+
+
+if __name__ == "__main__":
+  _cli.run(main)
