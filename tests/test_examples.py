@@ -33,6 +33,8 @@ def test_tp_decode_small_on_cpu(tmp_path):
   assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
   assert "Traceback" not in p.stdout + p.stderr, p.stderr[-3000:]
   assert "token ids of lax.psum and llar.auto agree: True" in p.stdout
+  assert "token ids of lax.fused and llar.fused agree: True" in p.stdout
+  assert "llar.auto/llar.fused" in p.stdout
   assert "XLA flags: skipped" in p.stdout
   assert "random bfloat16 weights" in p.stdout
   result = json.loads(out.read_text())
@@ -42,7 +44,8 @@ def test_tp_decode_small_on_cpu(tmp_path):
   rows = result["rows"]
   for b in (1, 2):
     by = {r["impl"]: r for r in rows if r["workload"] == f"small batch {b}"}
-    assert set(by) == {"lax.psum", "llar.auto", "none", "floor"}, by.keys()
+    assert set(by) == {"lax.psum", "llar.auto", "llar.fused", "lax.fused", "none",
+                       "floor"}, by.keys()
     for r in by.values():
       assert {"impl", "world_size", "dtype", "metric", "value", "tokens_per_s"} <= set(r), r
       assert r["metric"] == "itl_us" and r["value"] > 0 and r["world_size"] == 2
@@ -51,6 +54,11 @@ def test_tp_decode_small_on_cpu(tmp_path):
       assert by[impl]["p90_us"] >= by[impl]["value"] and by[impl]["samples"] == 2
     assert by["llar.auto"]["tokens_agree"] is True
     assert by["llar.auto"]["token_hash"] == by["lax.psum"]["token_hash"]
+    # On CPU the fused op is its reference, the unfused step: bitwise.
+    assert by["llar.fused"]["tokens_agree"] is True
+    assert by["llar.fused"]["tokens_reference"] == "lax.fused"
+    assert by["llar.fused"]["token_hash"] == by["lax.fused"]["token_hash"]
+    assert by["llar.fused"]["decisions"] >= 1
     assert by["none"]["timing_only"] is True
     assert by["floor"]["weight_bytes_per_device"] > 0
     assert len(result["token_ids"][f"small batch {b}"]["lax.psum"]) == 4
@@ -140,6 +148,45 @@ def test_step_forms_decode_the_same_tokens(tp_model):
                                                  jnp.zeros((n, 1), jnp.int32))
       out[name] = np.asarray(toks)[:, 0]
     np.testing.assert_array_equal(out["step"], out["dots"])
+
+
+def test_fused_step_form(tp_model):
+  """The fused step form (model.Step(norm="fused")) decodes the same tokens
+  with jax_llar.psum_add_rms_norm as with the unfused lax code (on CPU the
+  op is that code), step by step as in one scan; and the op is asked for at
+  every block end of every layer."""
+  model, _ = tp_model
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax import lax  # pylint: disable=g-import-not-at-top
+  from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
+  import jax_llar  # pylint: disable=g-import-not-at-top
+  cfg, plen, n = model.PRESETS["small"], 6, 5
+  mesh = Mesh(np.array(jax.devices()[:2]), ("tp",))
+  m = model.build(cfg, mesh, 2, plen + n, model.Step(norm="fused"))
+  params = m.init_params(0)
+  prompt = jnp.asarray(np.random.default_rng(3).integers(0, cfg.vocab, (2, plen)), jnp.int32)
+  tok0, cache0 = m.prefill()(params, prompt, m.init_cache())
+  copy = jax.jit(lambda c: jax.tree_util.tree_map(jnp.copy, c))
+  out = {}
+  for name, psum_fn, add_norm in (
+      ("lax", lax.psum, model.unfused_add_norm(lax.psum)),
+      ("llar", jax_llar.psum, jax_llar.psum_add_rms_norm)):
+    jax_llar.clear_dispatch_log()
+    toks, _, _, _ = m.decode_scan(psum_fn, n, add_norm)(
+        params, copy(tok0), copy(cache0), jnp.int32(plen), jnp.zeros((n, 2), jnp.int32))
+    out[name] = np.asarray(toks)
+    if name == "llar":
+      ops = {d.op for d in jax_llar.dispatch_log()}
+      assert ops == {"psum", "psum_add_rms_norm"}, ops
+  np.testing.assert_array_equal(out["llar"], out["lax"])
+  step, cache, tok, pos, stepped = (m.decode_step(lax.psum), copy(cache0), tok0,
+                                    jnp.int32(plen), [])
+  for _ in range(n):
+    tok, cache, pos = step(params, tok, cache, pos)
+    stepped.append(np.asarray(tok))
+  np.testing.assert_array_equal(np.stack(stepped), out["lax"])
 
 
 def test_shard_of_on_cpu(tmp_path):

@@ -21,6 +21,14 @@ all-reduce of each implementation:
                       all-reduces, each flag in a process of its own (XLA
                       reads its flags once); GPUs only
   llar.auto           jax_llar.psum
+  llar.fused          the step with the all-reduce that ends each attention
+                      and MLP block, the residual add and the next RMSNorm
+                      in one call, jax_llar.psum_add_rms_norm (the fused
+                      kernel where it serves the shape); the argmax's
+                      all-reduce is jax_llar.psum
+  lax.fused           the same step form written with lax.psum and XLA's add
+                      and RMSNorm (what psum_add_rms_norm computes where it is
+                      not fused): llar.fused's token reference
   none                the identity in place of the all-reduce: timing only,
                       its tokens are meaningless
   floor               no decoding: the bytes of weights one GPU reads per
@@ -80,7 +88,11 @@ from hbm import measure_bandwidth
 PRESETS = model_lib.PRESETS
 GPU_PRESETS = ("llama3.2-1b", "llama3-8b")
 CPU_PRESETS = ("small",)
-IMPLS = ("lax.psum", "llar.auto", "none", "floor")
+IMPLS = ("lax.psum", "llar.auto", "llar.fused", "lax.fused", "none", "floor")
+# The impls that run the fused step form (model.Step(norm="fused")).
+FUSED_IMPLS = ("llar.fused", "lax.fused")
+# Impls whose lowering decisions the rows report (jax_llar's dispatch log).
+LLAR_IMPLS = ("llar.auto", "llar.fused")
 SWEEP = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -190,21 +202,21 @@ def _token_hash(a) -> str:
 class _Decoder:
   """One implementation's decode program at one batch size, and its runs."""
 
-  def __init__(self, m, impl, psum_fn, s: Settings, params, tok0, cache0):
+  def __init__(self, m, impl, psum_fn, s: Settings, params, tok0, cache0, add_norm=None):
     import jax_llar
     self.impl, self.m, self.s = impl, m, s
     self.params, self.tok0, self.cache0 = params, tok0, cache0
-    if impl == "llar.auto":
+    if impl in LLAR_IMPLS:
       jax_llar.clear_dispatch_log()
     tok, cache, pos, toks = self._state()
     if s.loop == "scan":
-      fn, args = m.decode_scan(psum_fn, s.chunk), (params, tok, cache, pos, toks)
+      fn, args = m.decode_scan(psum_fn, s.chunk, add_norm), (params, tok, cache, pos, toks)
     else:
-      fn, args = m.decode_step(psum_fn), (params, tok, cache, pos)
+      fn, args = m.decode_step(psum_fn, add_norm), (params, tok, cache, pos)
     t0 = time.perf_counter()
     self.fn = fn.lower(*args).compile()
     self.compile_s = time.perf_counter() - t0
-    self.decisions = ([d for d in jax_llar.dispatch_log()] if impl == "llar.auto"
+    self.decisions = ([d for d in jax_llar.dispatch_log()] if impl in LLAR_IMPLS
                       else None)
     self.run()  # warm-up
 
@@ -297,7 +309,10 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
   import jax_llar
   cfg = PRESETS[name].shard(s.shard_of) if s.shard_of else PRESETS[name]
   max_len = s.prompt + s.tokens
-  fns = {"lax.psum": lax.psum, "llar.auto": jax_llar.psum, "none": lambda x, axis: x}
+  fns = {"lax.psum": lax.psum, "llar.auto": jax_llar.psum, "none": lambda x, axis: x,
+         "llar.fused": jax_llar.psum, "lax.fused": lax.psum}
+  add_norms = {"llar.fused": jax_llar.psum_add_rms_norm,
+               "lax.fused": model_lib.unfused_add_norm(lax.psum)}
   m1 = model_lib.build(cfg, mesh, 1, max_len)
   t0 = time.perf_counter()
   params = m1.init_params(s.seed)
@@ -311,6 +326,8 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
   rows, first_ids = [], {}
   for b in batches:
     m = model_lib.build(cfg, mesh, b, max_len)
+    # The fused step form: the same weights and prefilled cache.
+    mf = model_lib.build(cfg, mesh, b, max_len, model_lib.Step(norm="fused"))
     tok0, cache0 = _batch_of(seqs, b, mesh)
     workload = f"{name} batch {b}" + (f", one TP={s.shard_of} shard" if s.shard_of else "")
     common = {"world_size": m.tp, "dtype": "bfloat16", "metric": "itl_us",
@@ -321,13 +338,15 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
     timed = [i for i in impls if i in fns]
     decs = {}
     for impl in timed:
-      decs[impl] = _Decoder(m, impl, fns[impl], s, params, tok0, cache0)
+      decs[impl] = _Decoder(mf if impl in FUSED_IMPLS else m, impl, fns[impl], s, params,
+                            tok0, cache0, add_norms.get(impl))
     runs = {impl: [] for impl in timed}
     for r in range(s.repeats):
       order = timed[r % len(timed):] + timed[:r % len(timed)] if timed else []
       for impl in order:
         runs[impl].append(decs[impl].run())
     ref = runs.get("lax.psum", [[None, None]])[0][1]
+    fused_ref = runs.get("lax.fused", [[None, None]])[0][1]
     for impl in timed:
       d = decs[impl]
       samples = [x * 1e6 for smp, _ in runs[impl] for x in smp]
@@ -340,9 +359,14 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
                  token_hash=_token_hash(toks[0]),
                  deterministic=all(np.array_equal(toks[0], t) for t in toks[1:]),
                  timing_only=impl == "none")
-      if impl == "llar.auto":
-        row["tokens_agree"] = (bool(np.array_equal(ref, toks[0])) if ref is not None
+      if impl in LLAR_IMPLS:
+        # llar.auto against lax.psum (bitwise: the exit status depends on
+        # it); llar.fused against lax.fused (the fused kernel's normed output
+        # is within 1 ulp of XLA's, not bitwise, so ids may part: reported).
+        r0 = ref if impl == "llar.auto" else fused_ref
+        row["tokens_agree"] = (bool(np.array_equal(r0, toks[0])) if r0 is not None
                                else None)
+        row["tokens_reference"] = "lax.psum" if impl == "llar.auto" else "lax.fused"
         # jax_llar's lowering decisions for this program (one per distinct
         # psum lowering, not per psum site).
         row["decisions"] = len(d.decisions)
@@ -378,9 +402,9 @@ def _print_row(r: dict) -> None:
              f"at {r['hbm_copy_gbs']:.0f} GB/s)")
   else:
     extra = f"  p90 {r['p90_us']:9.1f} us  compile {r.get('compile_s', 0):5.1f} s"
-    if r["impl"] == "llar.auto":
+    if r["impl"] in LLAR_IMPLS:
       extra += (f"  fast path {r['fast_decisions']}/{r['decisions']} lowerings  "
-                f"tokens agree: {r['tokens_agree']}")
+                f"tokens agree with {r['tokens_reference']}: {r['tokens_agree']}")
     if r["impl"] == "none":
       extra += "  (timing only)"
   print(f"  {r['workload']:24s} {r['impl']:24s} {r['value']:9.1f} us/token "
@@ -459,9 +483,10 @@ def run(s: Settings, baseline_rows: list[dict] | None = None,
         f"{s.prompt} tokens prefilled, then {s.tokens} tokens decoded greedily per run "
         f"in chunks of {s.chunk} ({s.loop} loop), {s.repeats} timed runs per "
         f"implementation", flush=True)
-  if "llar.auto" in s.impls and not jax_llar.status()["active"]:
-    print("jax_llar.psum lowers to lax.psum here: the lax.psum and llar.auto rows "
-          "differ only by noise", flush=True)
+  if any(i in s.impls for i in LLAR_IMPLS) and not jax_llar.status()["active"]:
+    print("jax_llar lowers to lax.psum and XLA's add and RMSNorm here: the lax.psum and "
+          "llar.auto rows, and the lax.fused and llar.fused rows, differ only by noise",
+          flush=True)
   bw = None
   if "floor" in s.impls:
     bw = measure_bandwidth(mesh, (1 << 30) if platform == "gpu" else (32 << 20))
@@ -510,7 +535,8 @@ def run(s: Settings, baseline_rows: list[dict] | None = None,
 def print_summary(result: dict) -> None:
   """Per workload: every implementation's median inter-token latency [p90],
   then the ratios lax.psum / llar.auto (default flags and the best flag
-  variant), llar.auto / none and none / floor."""
+  variant), llar.auto / llar.fused (what the fused op gains), lax.fused /
+  llar.fused, llar.auto / none and none / floor."""
   by: dict = {}
   for r in result["rows"]:
     by.setdefault(r["workload"], {})[r["impl"]] = r
@@ -520,6 +546,7 @@ def print_summary(result: dict) -> None:
                       for i, r in v.items())
     print(f"  {w}: {cells}")
     ll, ps, no, fl = (v.get(k) for k in ("llar.auto", "lax.psum", "none", "floor"))
+    lf, xf = v.get("llar.fused"), v.get("lax.fused")
     ratios = []
     if ll and ps:
       gain = 100 * (1 - ll["value"] / ps["value"])
@@ -530,6 +557,12 @@ def print_summary(result: dict) -> None:
         best = min(flagged, key=lambda r: r["value"])
         ratios.append(f"best flag variant/llar.auto {best['value'] / ll['value']:.2f}x "
                       f"({best['impl'].split('=')[0].removeprefix('lax.psum+')})")
+    if ll and lf:
+      gain = 100 * (1 - lf["value"] / ll["value"])
+      ratios.append(f"llar.auto/llar.fused {ll['value'] / lf['value']:.2f}x (the fused op "
+                    f"{abs(gain):.0f}% {'lower' if gain >= 0 else 'higher'})")
+    if xf and lf:
+      ratios.append(f"lax.fused/llar.fused {xf['value'] / lf['value']:.2f}x")
     if ll and no:
       ratios.append(f"llar.auto/none {ll['value'] / no['value']:.2f}x")
     if no and fl:
@@ -538,6 +571,11 @@ def print_summary(result: dict) -> None:
       print("    " + "; ".join(ratios))
   if any(r["impl"] == "llar.auto" for r in result["rows"]):
     print(f"token ids of lax.psum and llar.auto agree: {result['tokens_agree']}")
+  fused = [r for r in result["rows"] if r["impl"] == "llar.fused"]
+  if fused:
+    print("token ids of lax.fused and llar.fused agree: "
+          f"{all(r.get('tokens_agree') is not False for r in fused)} (reported; the "
+          "fused kernel's normed output is within 1 ulp of XLA's)")
   if result.get("psum_flags_skipped"):
     print(f"lax.psum under XLA flags: {result['psum_flags_skipped']}")
 

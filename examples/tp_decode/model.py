@@ -77,6 +77,27 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 PsumFn = Callable[[jax.Array, str], jax.Array]
+# add_norm(partial, residual, weight, axis_name, eps) -> (normed, new_residual):
+# the all-reduce of a block's partial output, the residual add and the next
+# RMSNorm (jax_llar.psum_add_rms_norm's signature, eps by keyword).
+AddNormFn = Callable[..., tuple[jax.Array, jax.Array]]
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm of x's rows in float32, rounded once to x's dtype (the
+  semantics of jax_llar.psum_add_rms_norm's normed output)."""
+  h = x.astype(jnp.float32)
+  inv = lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + jnp.float32(eps))
+  return (h * inv * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def unfused_add_norm(psum_fn: PsumFn) -> AddNormFn:
+  """The add + RMSNorm step written with `psum_fn` and XLA's operations:
+  what jax_llar.psum_add_rms_norm computes where it is not fused."""
+  def add_norm(partial, residual, weight, axis_name, *, eps):
+    new_residual = psum_fn(partial, axis_name) + residual
+    return rms_norm(new_residual, weight, eps), new_residual
+  return add_norm
 
 
 class _Leaf(NamedTuple):
@@ -182,7 +203,11 @@ class Step:
       product and a row reduction, `_mv`) or "dot" (XLA's dot, which it
       turns into a reduction, a Triton GEMM or a cuBLAS call).
     norm: RMSNorm's sum of squares "inrow" (carried in the next product's
-      reduction; needs mv "reduce") or "apart" (a reduction of its own).
+      reduction; needs mv "reduce"), "apart" (a reduction of its own) or
+      "fused" (the all-reduce that ends a block, the residual add and the
+      next RMSNorm in one step, the `add_norm` function the programs take,
+      e.g. jax_llar.psum_add_rms_norm; the normalised activation is then
+      written out in bfloat16 and the products take it as it is).
     glu: "inrow" (gate, up and the sum of squares in one variadic
       reduction; needs mv "reduce") or "apart" (one product of [gate; up]).
     attn: decode attention (one position) as "reduce" (products and
@@ -342,17 +367,26 @@ class Model:
     """Whether products of m rows take the `_mv` form."""
     return self.step.mv == "reduce" and m <= self.step.mv_rows
 
-  def _layer(self, lp, x, cache, pos, psum_fn: PsumFn):
+  def _layer(self, lp, x, h, cache, pos, psum_fn: PsumFn, add_norm: AddNormFn | None):
     """One decoder layer on x (B, T, D) at positions pos .. pos + T - 1; the
     new keys and values are written into the layer's cache (B, KV/tp, S,
-    hd), a tuple (k, v) or (kv,)."""
+    hd), a tuple (k, v) or (kv,). With norm "fused", h is x's RMSNorm
+    (B, T, D) bfloat16 and the layer returns the next one; else h is None.
+
+    Returns:
+      (x, h, cache) after the layer.
+    """
     c, st = self.cfg, self.step
     b, t, d = x.shape
     hd, hl, kl = c.head_dim, self.h_loc, self.kv_loc
     g = hl // kl
     vec = self._vec(b * t)
+    fused = st.norm == "fused"
     xf = x.reshape(b * t, d)
-    if vec:
+    if fused:
+      hf = h.reshape(b * t, d)
+      qkv = _mv(hf, [lp["wqkv"]], False)[0][0].astype(DTYPE) if vec else _mm(hf, lp["wqkv"])
+    elif vec:
       (y,), ss = _mv(xf, [lp["wqkv"]], st.norm == "inrow")
       qkv = y.astype(DTYPE) * self._rms_scale(xf, ss)
     else:
@@ -399,10 +433,24 @@ class Model:
       ao = ao.astype(DTYPE)
     else:
       ao = _mm(o, lp["wo"])
-    x = x + psum_fn(ao.reshape(b, t, d), "tp")
-    xf = x.reshape(b * t, d)
     f = self.f_loc
-    if vec and st.glu == "inrow":
+    if fused:
+      h, x = add_norm(ao.reshape(b, t, d), x, self._gain(d), "tp", eps=c.norm_eps)
+      hf = h.reshape(b * t, d)
+      if vec and st.glu == "inrow":
+        (gt, up), _ = _mv(hf, [lp["wgu"][:f], lp["wgu"][f:]], False)
+        gt = gt.astype(DTYPE).astype(jnp.float32)
+        up = up.astype(DTYPE).astype(jnp.float32)
+      else:
+        gu = (_mv(hf, [lp["wgu"]], False)[0][0].astype(DTYPE) if vec
+              else _mm(hf, lp["wgu"])).astype(jnp.float32)
+        gt, up = gu[:, :f], gu[:, f:]
+    else:
+      x = x + psum_fn(ao.reshape(b, t, d), "tp")
+    xf = x.reshape(b * t, d)
+    if fused:
+      pass
+    elif vec and st.glu == "inrow":
       (gt, up), ss = _mv(xf, [lp["wgu"][:f], lp["wgu"][f:]], True)
       r = self._rms_scale(xf, ss)
       gt = gt.astype(DTYPE).astype(jnp.float32) * r
@@ -420,21 +468,42 @@ class Model:
       dn = dn.astype(DTYPE)
     else:
       dn = _mm(m, lp["wdown"])
-    x = x + psum_fn(dn.reshape(b, t, d), "tp")
-    return x, cache
+    if fused:
+      h, x = add_norm(dn.reshape(b, t, d), x, self._gain(d), "tp", eps=c.norm_eps)
+    else:
+      x = x + psum_fn(dn.reshape(b, t, d), "tp")
+    return x, h, cache
 
-  def _forward(self, params, tokens, cache, pos, psum_fn: PsumFn):
+  @staticmethod
+  def _gain(d: int) -> jax.Array:
+    """RMSNorm's gain as the fused step takes it: ones, since the gains are
+    folded into the projections that follow (the module docstring)."""
+    return jnp.ones((d,), DTYPE)
+
+  def _forward(self, params, tokens, cache, pos, psum_fn: PsumFn,
+               add_norm: AddNormFn | None = None):
     """tokens (B, T) at positions pos ..: the greedy next token (B,) int32
-    after the last position, and the updated cache."""
+    after the last position, and the updated cache. add_norm: the fused
+    step of norm "fused" (default: `unfused_add_norm(psum_fn)`)."""
+    st = self.step
+    if st.norm == "fused" and add_norm is None:
+      add_norm = unfused_add_norm(psum_fn)
     x = params["embed"][tokens]  # (B, T, D)
+    h = rms_norm(x, self._gain(x.shape[-1]), self.cfg.norm_eps) if st.norm == "fused" else None
     new_cache = []
     for i, (lp, cl) in enumerate(zip(params["layers"], cache)):  # unrolled
       with jax.named_scope(f"layer{i}"):  # names the layer in profiles and HLO
-        x, cl = self._layer(lp, x, cl, pos, psum_fn)
+        x, h, cl = self._layer(lp, x, h, cl, pos, psum_fn, add_norm)
       new_cache.append(cl)
     xl = x[:, -1]
-    st = self.step
-    if st.head == "mv" and self._vec(xl.shape[0]):
+    if st.norm == "fused":
+      # h is the last layer's output normalised: the head takes it as it is.
+      hl = h[:, -1]
+      if st.head == "mv" and self._vec(hl.shape[0]):
+        (logits,), _ = _mv(hl, [params["lm_head"]], False)
+      else:
+        logits = _mm(hl, params["lm_head"], jnp.float32)
+    elif st.head == "mv" and self._vec(xl.shape[0]):
       (logits,), ss = _mv(xl, [params["lm_head"]], st.norm == "inrow" and st.head_scale)
       if st.head_scale:
         logits = logits * self._rms_scale(xl, ss)
@@ -460,39 +529,40 @@ class Model:
                          check_vma=False)
 
   # -- jitted programs ------------------------------------------------------
-  def prefill(self, psum_fn: PsumFn = lax.psum):
+  def prefill(self, psum_fn: PsumFn = lax.psum, add_norm: AddNormFn | None = None):
     """Jitted ``prefill(params, prompt, cache) -> (tok, cache)``: the prompt
     (B, T) int32 in one forward pass from position 0, filling the cache
-    (donated); tok (B,) int32 is the greedy token after the prompt."""
+    (donated); tok (B,) int32 is the greedy token after the prompt. add_norm
+    as in `_forward` (used by norm "fused" only)."""
     def f(params, prompt, cache):
-      return self._forward(params, prompt, cache, jnp.int32(0), psum_fn)
+      return self._forward(params, prompt, cache, jnp.int32(0), psum_fn, add_norm)
     g = self._sharded(f, (self.param_specs, P(), self.cache_specs()),
                       (P(), self.cache_specs()))
     return jax.jit(g, donate_argnums=(2,))
 
-  def decode_step(self, psum_fn: PsumFn):
+  def decode_step(self, psum_fn: PsumFn, add_norm: AddNormFn | None = None):
     """Jitted ``step(params, tok, cache, pos) -> (tok, cache, pos)``: one
     token (B,) int32 at position pos (int32 scalar); cache and pos are
-    donated and returned in place (pos + 1)."""
+    donated and returned in place (pos + 1). add_norm as in `_forward`."""
     def f(params, tok, cache, pos):
-      tok, cache = self._forward(params, tok[:, None], cache, pos, psum_fn)
+      tok, cache = self._forward(params, tok[:, None], cache, pos, psum_fn, add_norm)
       return tok, cache, pos + 1
     g = self._sharded(f, (self.param_specs, P(), self.cache_specs(), P()),
                       (P(), self.cache_specs(), P()))
     return jax.jit(g, donate_argnums=(2, 3))
 
-  def decode_scan(self, psum_fn: PsumFn, n_tokens: int):
+  def decode_scan(self, psum_fn: PsumFn, n_tokens: int, add_norm: AddNormFn | None = None):
     """Jitted ``decode(params, tok, cache, pos, toks) -> (toks, tok, cache,
     pos)``: greedy decoding of n_tokens tokens in one `lax.scan` from tok
     (B,) int32 at position pos (int32 scalar), the tokens written into toks
     (n_tokens, B) int32, tok the last of them (the next input), pos advanced
     by n_tokens. Every argument but the weights is donated and returned in
     place, so that the decode state keeps its buffers from call to call
-    (XLA's CUDA graphs record buffer addresses)."""
+    (XLA's CUDA graphs record buffer addresses). add_norm as in `_forward`."""
     def f(params, tok, cache, pos, toks):
       def body(carry, _):
         tok, cache, pos, toks, i = carry
-        tok, cache = self._forward(params, tok[:, None], cache, pos, psum_fn)
+        tok, cache = self._forward(params, tok[:, None], cache, pos, psum_fn, add_norm)
         toks = lax.dynamic_update_slice(toks, tok[None], (i, 0))
         return (tok, cache, pos + 1, toks, i + 1), None
       (tok, cache, pos, toks, _), _ = lax.scan(
