@@ -4,6 +4,8 @@ right reference."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -82,3 +84,32 @@ def test_nccl_beyond_two_ranks_is_compared_within_tolerance():
 
 def test_default_sizes_reach_the_one_shot_limit():
   assert max(kernel_level.Settings().sizes) == MAX_BYTES[Algorithm.ONE_SHOT_LL]
+
+
+def test_sol_compares_every_all_reduce_of_a_kernel_file(tmp_path):
+  from jax_llar.tools import sol  # pylint: disable=g-import-not-at-top
+  rows = [
+      {"impl": "llar.one_shot_ll", "dtype": "float32", "bytes_per_rank": 1024,
+       "us_per_call": 2.0, "correct": True},
+      {"impl": "llar.one_shot_ll", "dtype": "float32", "bytes_per_rank": 64,
+       "us_per_call": 1.5, "correct": True},
+      {"impl": "llar.two_shot_ll", "dtype": "float32", "bytes_per_rank": 64,
+       "us_per_call": 3.0, "correct": False},   # failed its check: not compared
+      {"impl": "llar.two_shot_ll", "dtype": "float32", "bytes_per_rank": 4096,
+       "us_per_call": 3.5, "correct": True},
+      {"impl": "nccl.allreduce", "dtype": "float32", "bytes_per_rank": 64,
+       "us_per_call": 9.0, "correct": True},
+      {"impl": "kernel.copy", "dtype": "float32", "bytes_per_rank": 64,
+       "us_per_call": 0.9, "correct": True},     # no all-reduce
+      {"impl": "diag.one_shot_ll_loopback", "dtype": "float32", "bytes_per_rank": 64,
+       "us_per_call": 1.1, "correct": True},
+  ]
+  path = tmp_path / "k.json"
+  path.write_text(json.dumps({"rows": rows}))
+  got = sol.kernel_figures(None, str(path))
+  assert [(i, us) for i, us, _ in got] == [
+      ("llar.one_shot_ll", 1.5), ("llar.two_shot_ll", 3.5), ("nccl.allreduce", 9.0)]
+  assert "64 B" in got[0][2] and "4096 B" in got[1][2]
+  assert sol.kernel_figures(2.5, None) == [("llar.one_shot_ll", 2.5, "--kernel_us")]
+  assert sol.kernel_figures(None, str(tmp_path / "missing.json")) == []
+  assert sol.kernel_figures(None, None) == []

@@ -17,9 +17,11 @@ device timestamps from the GPU's global timer:
 and prints the two speed-of-light estimates of the model of arXiv
 2607.16100, L_SoL = 2 x L_L2 + L_remote, with L_L2 the fence (the paper's
 choice) or the pointer chase, and L_remote the LL-line latency, in
-microseconds. Given a measured one-shot time (--kernel_us, or the smallest
-llar.one_shot_ll row of a kernel-level result file, --kernel_json), it
-prints the kernel's ratio to both. The result goes to
+microseconds. Given a measured one-shot time (--kernel_us), or a
+kernel-level result file (--kernel_json), it prints the ratio to both
+estimates of every all-reduce in the file (each algorithm of jax_llar,
+llar.*, and NCCL's, nccl.*) at its smallest size measured, where the
+latency model applies. The result goes to
 OUT/<machine>-<yyyymmdd>-sol.json. The method: benchmarks/METHOD.md in the
 repository.
 """
@@ -39,28 +41,38 @@ KERNEL_US = flags.DEFINE_float("kernel_us", None,
 KERNEL_JSON = flags.DEFINE_string(
     "kernel_json", None,
     "A kernel-level result file (python -m jax_llar.tools.bench --level kernel); "
-    "its smallest llar.one_shot_ll row is compared.")
+    "the smallest-size row of each of its all-reduces (llar.*, nccl.*) is compared.")
 OUT = flags.DEFINE_string(
     "out", report.default_out_dir(),
     report.OUT_HELP)
 flags.mark_flags_as_mutual_exclusive(["kernel_us", "kernel_json"])
 
 
-def kernel_figure(kernel_us: float | None, kernel_json: str | None) -> tuple[float | None, str | None]:
-  """The kernel time to compare and where it came from: `kernel_us` as given,
-  else the smallest-size llar.one_shot_ll row of `kernel_json` (a missing
-  file is reported and skipped), else (None, None)."""
+def kernel_figures(kernel_us: float | None,
+                   kernel_json: str | None) -> list[tuple[str, float, str]]:
+  """The kernel times to compare: [(impl, us per call, where it came from)].
+
+  `kernel_us` as given (impl llar.one_shot_ll); else, for every all-reduce of
+  `kernel_json` (impls llar.* and nccl.*; the diagnostic and copy rows are no
+  all-reduce), its smallest-size row that passed its correctness check; a
+  missing file is reported and gives none. In the file's order of impls.
+  """
   if kernel_us is not None:
-    return kernel_us, "--kernel_us"
+    return [("llar.one_shot_ll", kernel_us, "--kernel_us")]
   if kernel_json and not os.path.isfile(kernel_json):
     print(f"--kernel_json: no file {kernel_json}; no kernel figure to compare")
-  elif kernel_json:
-    with open(kernel_json) as f:
-      rows = [x for x in json.load(f)["rows"] if x["impl"] == "llar.one_shot_ll"]
-    if rows:
-      best = min(rows, key=lambda x: x["bytes_per_rank"])
-      return best["us_per_call"], f"{kernel_json} ({best['dtype']}, {best['bytes_per_rank']} B)"
-  return None, None
+    return []
+  if not kernel_json:
+    return []
+  with open(kernel_json) as f:
+    rows = [x for x in json.load(f)["rows"]
+            if x["impl"].startswith(("llar.", "nccl.")) and x.get("correct", True)]
+  out = []
+  for impl in dict.fromkeys(x["impl"] for x in rows):
+    best = min((x for x in rows if x["impl"] == impl), key=lambda x: x["bytes_per_rank"])
+    out.append((impl, best["us_per_call"],
+                f"{kernel_json} ({best['dtype']}, {best['bytes_per_rank']} B)"))
+  return out
 
 
 def main() -> int:
@@ -75,10 +87,14 @@ def main() -> int:
   remote = r["remote_ll_ns"]
   sol_fence = (2 * r["fence_ns"] + remote) / 1000 if remote else None
   sol_chase = (2 * r["l2_chase_ns"] + remote) / 1000 if remote else None
-  kernel_us, kernel_src = kernel_figure(KERNEL_US.value, KERNEL_JSON.value)
+  kernels = kernel_figures(KERNEL_US.value, KERNEL_JSON.value)
   out = {"env": report.environment(), "level": "sol", "iters": ITERS.value,
          "measured": r, "sol_us_fence": sol_fence, "sol_us_chase": sol_chase,
-         "kernel_us": kernel_us, "kernel_source": kernel_src, "rows": []}
+         "kernels": [{"impl": i, "us_per_call": us, "source": src,
+                      "x_sol_fence": us / sol_fence if sol_fence else None,
+                      "x_sol_chase": us / sol_chase if sol_chase else None}
+                     for i, us, src in kernels],
+         "rows": []}
   for k, v in enumerate(r["fanout_ll_ns"], start=1):
     out["rows"].append({"impl": "sol.fanout_ll", "world_size": len(ordinals),
                         "peers": k, "us_per_call": v / 1000})
@@ -89,9 +105,9 @@ def main() -> int:
   if sol_fence:
     print(f"SoL (2 x fence + remote LL)        {sol_fence:.3f} us")
     print(f"SoL (2 x L2 chase + remote LL)     {sol_chase:.3f} us")
-    if kernel_us:
-      print(f"one-shot kernel {kernel_us:.2f} us ({kernel_src}): "
-            f"{kernel_us / sol_fence:.2f}x / {kernel_us / sol_chase:.2f}x the two SoL estimates")
+    for impl, us, src in kernels:
+      print(f"{impl:28s} {us:7.2f} us ({src}): {us / sol_fence:.2f}x / "
+            f"{us / sol_chase:.2f}x the two SoL estimates")
   paths = report.save(out, OUT.value, report.stem("sol"))
   print(f"saved {', '.join(paths)}")
   return 0
