@@ -22,6 +22,20 @@ Algorithms:
     parity (ffi/src/kernels/two_shot_ll.cuh). Payload per rank: up to 4 MiB.
     Not in the tuning table yet (dispatch waits for measurements); reachable
     with JAX_LLAR_ALGORITHM=two_shot_ll.
+  ONE_SHOT_SENTINEL (3): the one-shot with full-width lines: every 16-byte
+    store carries 16 payload bytes and no flag, into a slot of every rank's
+    scratch that holds a sentinel (all ones) until the line lands; the reader
+    polls until neither 8-byte word is the sentinel, reduces in rank order
+    (bitwise the one-shot LL's result), and re-arms the slots itself; double
+    buffered by epoch parity, no barrier (arXiv 2607.16100, section 4;
+    ffi/include/llar/sentinel.cuh, ffi/src/kernels/one_shot_sentinel.cuh). A
+    payload word equal to the sentinel (all-ones NaNs) is sent with the quiet
+    bit of its lowest element cleared, which the tests show changes no output
+    bit. Half the bytes of the LL on the wire; float32, bfloat16 and float16
+    only (`dtype_refusal`: an int32 word of all ones, -1 twice, cannot be
+    changed without changing the sum). Payload per rank: up to 64 blocks x
+    512 lines x 16 bytes. Not in the tuning table yet; reachable with
+    JAX_LLAR_ALGORITHM=one_shot_sentinel.
 """
 
 from __future__ import annotations
@@ -45,6 +59,7 @@ class Algorithm(enum.IntEnum):
   """
   ONE_SHOT_LL = 1
   TWO_SHOT_LL = 2
+  ONE_SHOT_SENTINEL = 3
 
   @property
   def short_name(self) -> str:
@@ -80,10 +95,12 @@ MAX_RANKS = 16
 
 # Largest payload per rank, in bytes, that each algorithm's scratch holds
 # (args.h: kOneShotMaxBytes = kMaxBlocks * kLinesPerBlock * kPayloadBytesPerLine;
-# kTwoShotMaxBytes).
+# kTwoShotMaxBytes; kOneShotSentinelMaxBytes = kMaxBlocks * kLinesPerBlock *
+# kLineBytes).
 MAX_BYTES: dict[Algorithm, int] = {
     Algorithm.ONE_SHOT_LL: 64 * 512 * 8,
     Algorithm.TWO_SHOT_LL: 4 * 1024 * 1024,
+    Algorithm.ONE_SHOT_SENTINEL: 64 * 512 * 16,
 }
 
 # The largest of MAX_BYTES: the cap of the JAX_LLAR_MAX_BYTES setting.
@@ -135,7 +152,7 @@ def region_bytes(algorithm: Algorithm, world: int) -> int:
     >>> region_bytes(Algorithm.ONE_SHOT_LL, 2)
     2097152
   """
-  if algorithm == Algorithm.ONE_SHOT_LL:
+  if algorithm in (Algorithm.ONE_SHOT_LL, Algorithm.ONE_SHOT_SENTINEL):  # the same slots
     return 2 * 64 * world * 512 * 16
   if algorithm == Algorithm.TWO_SHOT_LL:
     return two_shot_max_steps(world) * 2 * 2 * world * TWO_SHOT_STEP_LINES * 16
@@ -143,10 +160,47 @@ def region_bytes(algorithm: Algorithm, world: int) -> int:
 
 
 # Element types the kernels reduce (reduce.cuh: one packing and accumulation
-# rule per dtype). Every algorithm serves all of them.
+# rule per dtype); each algorithm serves the ones in DTYPES.
 SUPPORTED_DTYPES: tuple[np.dtype, ...] = (
     np.dtype(np.float32), np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16),
     np.dtype(np.int32))
+
+# The element types each algorithm serves (its launcher refuses the others).
+DTYPES: dict[Algorithm, tuple[np.dtype, ...]] = {
+    a: SUPPORTED_DTYPES for a in Algorithm}
+DTYPES[Algorithm.ONE_SHOT_SENTINEL] = SUPPORTED_DTYPES[:3]
+
+# Why an algorithm does not serve a dtype it leaves out of DTYPES.
+_DTYPE_REASONS = {
+    Algorithm.ONE_SHOT_SENTINEL: (
+        "one_shot_sentinel serves float32, bfloat16 and float16 only: its lines carry "
+        "no flag, so an 8-byte payload word equal to the sentinel (all ones) must be "
+        "changed before it is sent, which keeps a float sum (all-ones NaNs) but not an "
+        "int32 sum (-1 twice)"),
+}
+
+
+def dtype_refusal(algorithm: Algorithm, dtype) -> str | None:
+  """Why `algorithm` does not serve elements of `dtype`, or None when it does.
+
+  Args:
+    algorithm: an Algorithm.
+    dtype: anything ``np.dtype`` accepts.
+
+  Returns:
+    None, or a sentence for the dispatch log.
+
+  Example::
+
+    >>> dtype_refusal(Algorithm.ONE_SHOT_LL, np.int32) is None
+    True
+    >>> dtype_refusal(Algorithm.ONE_SHOT_SENTINEL, np.int32)[:46]
+    'one_shot_sentinel serves float32, bfloat16 and'
+  """
+  dt = np.dtype(dtype)
+  if dt in DTYPES[algorithm]:
+    return None
+  return _DTYPE_REASONS.get(algorithm, f"{algorithm.short_name} does not serve {dt}")
 
 
 # --- the fused all-reduce + residual add + RMSNorm --------------------------------

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from jax_llar.algorithms import (MAX_BYTES, MAX_RANKS, SUPPORTED_DTYPES,
-                                 Algorithm)
+                                 Algorithm, dtype_refusal)
 
 # The reasons `choose` gives, in the order it checks them. "fast_path" means
 # an algorithm was chosen; "table" that the tuning table chose lax.psum for
@@ -189,6 +189,10 @@ def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
                   row of `table`, or (no table) more than the default rule's
                   algorithm serves;
     "table"       `table`'s row for this size is lax.psum;
+    "dtype"       (again, after the size) the forced algorithm, or the
+                  algorithm of `table`'s row, does not serve `dtype`
+                  (``algorithms.dtype_refusal``: one_shot_sentinel and
+                  int32);
     "fast_path"   the forced algorithm, else the algorithm of `table`'s row
                   for this size, else (no table) DEFAULT_ALGORITHM.
   The detail of a decision by the table names the row (`describe_row`); a
@@ -250,6 +254,9 @@ def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
       return Choice(None, "size", f"more than {MAX_BYTES[force]} bytes per "
                     f"rank, the most {force.short_name} serves (forced by "
                     "JAX_LLAR_ALGORITHM)")
+    refusal = dtype_refusal(force, dt)
+    if refusal is not None:
+      return Choice(None, "dtype", f"{refusal} (forced by JAX_LLAR_ALGORITHM)")
     return Choice(force, "fast_path", f"{force.short_name} over {num_ranks} "
                   "ranks (forced by JAX_LLAR_ALGORITHM)")
   if table is None:
@@ -271,5 +278,8 @@ def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
   index, row = found
   if row.algorithm is None:
     return Choice(None, "table", f"lax.psum by {table.describe_row(index)}")
+  refusal = dtype_refusal(row.algorithm, dt)
+  if refusal is not None:
+    return Choice(None, "dtype", f"{refusal} (chosen by {table.describe_row(index)})")
   return Choice(row.algorithm, "fast_path", f"{row.algorithm.short_name} over "
                 f"{num_ranks} ranks by {table.describe_row(index)}")

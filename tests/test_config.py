@@ -173,8 +173,9 @@ def test_error_reports_load_nothing(monkeypatch):
 
 class _Ext:
   """The attributes of jax_llar._llar that _ext reads."""
-  ALGORITHMS = {"one_shot_ll": 1, "two_shot_ll": 2}
-  MAX_BYTES = {"one_shot_ll": 262144, "two_shot_ll": 4194304}
+  # A faithful extension exports the Python module's ids and limits.
+  ALGORITHMS = {a.short_name: int(a) for a in algorithms.Algorithm}
+  MAX_BYTES = {a.short_name: n for a, n in algorithms.MAX_BYTES.items()}
   MAX_RANKS = 16
   FUSED_MAX_BYTES = 262144
   FUSED_BLOCK_LINES = 64

@@ -44,7 +44,7 @@ def test_default_settings_are_valid_and_cover_the_brief():
     (dict(sizes=(0,)), "sizes"), (dict(sizes=(262152,)), "sizes"),
     (dict(calls=0), "calls"), (dict(sets=0), "sets"), (dict(block_lines=513), "block_lines"),
     (dict(timeout_ms=0), "timeout_ms"), (dict(start_epochs=(-1,)), "start epochs"),
-    (dict(start_epochs=(2**64 - 1,)), "start epochs"), (dict(misalign=8), "misalign"),
+    (dict(start_epochs=(2**64 - 1,)), "start epochs"), (dict(misalign=16), "misalign"),
     (dict(keep=51), "keep"), (dict(max_output_bytes=0), "max_output_bytes"),
 ])
 def test_validate_names_each_bad_setting(change, words):

@@ -44,13 +44,25 @@ size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 // every buffer starting on its own 256-byte boundary.
 size_t SlotStride(const LoopbackSpec& s) { return RoundUp(s.n_bytes + s.misalign, 256); }
 
+bool IsSentinel(const LoopbackSpec& s) {
+  return s.algorithm == static_cast<int64_t>(Algorithm::kOneShotSentinel);
+}
+
+// The algorithms whose launchers take OneShotOptions (generic, block_lines).
+bool OneShotOptionsApply(const LoopbackSpec& s) {
+  return s.algorithm == static_cast<int64_t>(Algorithm::kOneShotLL) || IsSentinel(s);
+}
+
 // The grid-independent checks of a spec; returns the algorithm's entry.
 const AlgorithmEntry& Validate(const LoopbackSpec& s, int n_sets) {
   const AlgorithmEntry* entry = FindAlgorithm(s.algorithm);
   if (entry == nullptr) BadArgument("unknown algorithm id " + std::to_string(s.algorithm));
-  if (s.algorithm != static_cast<int64_t>(Algorithm::kOneShotLL) &&
-      (s.generic || s.block_lines != 0)) {
-    BadArgument("generic and block_lines apply to the one-shot LL algorithm only");
+  if (!OneShotOptionsApply(s) && (s.generic || s.block_lines != 0)) {
+    BadArgument("generic and block_lines apply to the one-shot LL and sentinel algorithms only");
+  }
+  if (IsSentinel(s) && s.dtype == DType::kI32) {
+    BadArgument("one_shot_sentinel does not serve int32 (sentinel.cuh: an all-ones payload "
+                "word cannot be changed without changing an int32 sum)");
   }
   if (s.world < 2 || s.world > kMaxRanks) {
     BadArgument("world must be 2-" + std::to_string(kMaxRanks) + ", not " +
@@ -76,7 +88,7 @@ const AlgorithmEntry& Validate(const LoopbackSpec& s, int n_sets) {
   }
   if (s.calls < 1) BadArgument("calls must be positive");
   if (s.keep < 0 || s.keep > s.calls) BadArgument("keep must be 0 (all) or 1-calls");
-  if (s.misalign > 7) BadArgument("misalign must be 0-7 bytes");
+  if (s.misalign > 15) BadArgument("misalign must be 0-15 bytes");
   if (s.skip_rank >= s.world || s.skip_rank < -1) BadArgument("skip_rank must be -1 or a rank");
   if (s.skip_rank >= 0 && (s.skip_call < 0 || s.skip_call >= s.calls)) {
     BadArgument("skip_call must be one of the calls");
@@ -131,10 +143,10 @@ LoopbackPlan PlanLoopback(const LoopbackSpec& s, int n_sets) {
   Validate(s, n_sets);
   const AlgorithmEntry& entry = *FindAlgorithm(s.algorithm);  // Validate checked it
   LoopbackPlan p;
-  if (s.block_lines != 0) {  // the one-shot under another grid rule (Validate)
-    const OneShotGrid g =
-        OneShotGridFor((s.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine,
-                       s.block_lines);
+  if (s.block_lines != 0) {  // a one-shot under another grid rule (Validate)
+    const uint32_t line_bytes = IsSentinel(s) ? kLineBytes : kPayloadBytesPerLine;
+    const OneShotGrid g = OneShotGridFor((s.n_bytes + line_bytes - 1) / line_bytes,
+                                         s.block_lines);
     p.blocks = g.blocks;
     p.lines_per_block = g.lines_per_block;
     p.threads = g.threads;
@@ -229,7 +241,9 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
       a.rank = static_cast<uint8_t>(r);
       a.world = static_cast<uint8_t>(W);
       launch_error = production ? entry.launch(a, s.dtype, rs.streams[r])
-                                : LaunchOneShotLLWith(a, s.dtype, rs.streams[r], options);
+                     : IsSentinel(s)
+                         ? LaunchOneShotSentinelWith(a, s.dtype, rs.streams[r], options)
+                         : LaunchOneShotLLWith(a, s.dtype, rs.streams[r], options);
       if (launch_error != cudaSuccess) break;
     }
     last_launch = Clock::now();

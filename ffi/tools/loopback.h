@@ -10,9 +10,10 @@
 // counters (every set, args.h) and claim word, a
 // host-mapped ErrorRecord and a PeerTable whose scratch[p] is simulated rank
 // p's scratch on the same device. Each call launches the production launcher
-// (kAlgorithms[algorithm], or LaunchOneShotLLWith for the generic kernel or
-// another grid rule) once per rank, rank 0 first, each rank on a
-// non-blocking stream of its own, so that all ranks' kernels run at once.
+// (kAlgorithms[algorithm], or LaunchOneShotLLWith / LaunchOneShotSentinelWith
+// for the generic kernel or another grid rule) once per rank, rank 0 first,
+// each rank on a non-blocking stream of its own, so that all ranks' kernels
+// run at once.
 // No NCCL call is made.
 //
 // What it tests: the protocol logic (LL lines and flags, per-warp epochs,
@@ -115,9 +116,11 @@ struct LoopbackSpec {
   uint64_t start_epoch = 0;     // every epoch counter starts here (as
                                 // SetEpochForTesting), e.g. just below the
                                 // re-zeroing window or the 32-bit flag wrap
-  uint32_t misalign = 0;        // bytes (0..7) added to the input and output
-                                // addresses: 8-byte misaligned buffers take
-                                // the kernel's byte-wise path
+  uint32_t misalign = 0;        // bytes (0..15) added to the input and output
+                                // addresses: buffers misaligned for a
+                                // kernel's vector accesses (8 bytes for LL
+                                // lines, 16 for sentinel lines) take its
+                                // byte-wise path
   int skip_rank = -1;           // fault: this rank's kernel is not launched on
   int skip_call = 0;            // call skip_call, and no call follows it
 };

@@ -3,6 +3,9 @@
   python -m jax_llar.tools.loopback [--worlds 2,3,4,5,8,16] [--dtypes float32,bfloat16]
       [--sizes 4,100,4096] [--calls 50] [--generic] [--no_sync] [--json out.json]
       [--algorithm two_shot_ll]   (the two-shot, sizes up to 4 MiB per rank)
+      [--algorithm one_shot_sentinel --nan_patterns --bitwise_against one_shot_ll]
+          (the sentinel one-shot, float dtypes, up to 512 KiB per rank; its
+          outputs equal to the one-shot LL's bit for bit, NaN bits included)
   python -m jax_llar.tools.loopback --skip_rank R --skip_call C [...]   (fault mode)
   python -m jax_llar.tools.loopback --op add_rms_norm [--shapes 1x4096,8x2048] [...]
       (the fused all-reduce + residual add + RMSNorm: jax_llar.tools.loopback_fused)
@@ -74,7 +77,17 @@ SIZES = flags.DEFINE_list("sizes", [str(n) for n in lh.DEFAULT_SIZES],
 ALGORITHM = flags.DEFINE_enum("algorithm", "one_shot_ll", list(lh.ALGORITHMS),
                               "--op all_reduce: the algorithm under test, through its "
                               "production launcher (--generic and --block_lines apply "
-                              "to one_shot_ll only).")
+                              f"to {' and '.join(lh.ONE_SHOT_OPTIONS)} only; dtypes an "
+                              "algorithm does not serve are skipped with the reason).")
+NAN_PATTERNS = flags.DEFINE_bool("nan_patterns", False,
+                                 "Put NaN bit patterns into input set 2 (needs --sets >= "
+                                 "3): every float16 and bfloat16 NaN and a float32 sample "
+                                 "in every position of a 16-byte line, and all-ones "
+                                 "8-byte words beside their neighbours.")
+BITWISE_AGAINST = flags.DEFINE_enum("bitwise_against", None, list(lh.ALGORITHMS),
+                                    "Also run this algorithm on every case's inputs; both "
+                                    "outputs must be equal byte for byte, NaN bits "
+                                    "included.")
 CALLS = flags.DEFINE_integer("calls", 50, "Consecutive all-reduce calls per case.",
                              lower_bound=1)
 SETS = flags.DEFINE_integer("sets", 4, "Input sets; call c uses set c % sets.",
@@ -101,9 +114,10 @@ START_EPOCHS = flags.DEFINE_list(
     "a multiple of 2^30 cross the re-zeroing window, just below 2^32 the 32-bit "
     "flag wrap (e.g. 0,1073741800,4294967270).")
 MISALIGN = flags.DEFINE_integer("misalign", 0,
-                                "Bytes added to every input and output address, 0-7 "
-                                "(non-zero: the kernel's byte-wise path).",
-                                lower_bound=0, upper_bound=7)
+                                "Bytes added to every input and output address, 0-15 "
+                                "(not a multiple of 8: the kernels' byte-wise path; 8: "
+                                "the sentinel's, whose lines are 16 bytes).",
+                                lower_bound=0, upper_bound=15)
 KEEP = flags.DEFINE_integer("keep", 0,
                             "Check the outputs of the last KEEP calls (0: all), at "
                             "most --max_output_mib of them per case.", lower_bound=0)
@@ -155,7 +169,8 @@ def settings_from_flags() -> lh.Settings:
       block_lines=BLOCK_LINES.value, timeout_ms=TIMEOUT_MS.value,
       start_epochs=_ints(START_EPOCHS.value, "start_epochs"), misalign=MISALIGN.value,
       keep=KEEP.value, max_output_bytes=MAX_OUTPUT_MIB.value << 20, seed=SEED.value,
-      device=DEVICE.value, algorithm=ALGORITHM.value)
+      device=DEVICE.value, algorithm=ALGORITHM.value, nan_patterns=NAN_PATTERNS.value,
+      bitwise_against=BITWISE_AGAINST.value)
 
 
 def save(result: dict, json_path: str | None, out_dir: str, tag: str) -> str:

@@ -16,7 +16,13 @@ which says what the harness does and does not test.
 Special inputs (`special_columns`): one input set of every case carries
 signed zeros, subnormals, inf, inf - inf, NaN payloads and signalling NaNs,
 overflow, cancellation that only a float64 sum resolves and rounding ties
-(int32: sums that wrap).
+(int32: sums that wrap). With ``nan_patterns`` another set carries NaN bit
+patterns (`nan_pattern_lines`): every NaN of float16 and bfloat16 and a
+sample of float32 NaNs, in every position of a 16-byte line, and 8-byte
+words of all ones (the sentinel of one_shot_sentinel) beside their
+neighbours. With ``bitwise_against`` every case also runs a second
+algorithm on the same inputs and the two outputs must be equal byte for
+byte, NaN bits included (`bitwise_difference`).
 
 Fault mode (`run_fault_case`): rank R's kernel is never launched on one
 call; the others must end in the bounded wait's error, with the report that
@@ -53,6 +59,8 @@ MAX_BYTES = algorithms.MAX_BYTES[algorithms.Algorithm.ONE_SHOT_LL]  # per rank
 IMPL = "loopback.one_shot_ll"
 # The algorithms the harness runs (kAlgorithms through the production launcher).
 ALGORITHMS = tuple(a.short_name for a in algorithms.Algorithm)
+# The algorithms whose launchers take the generic and block_lines options.
+ONE_SHOT_OPTIONS = ("one_shot_ll", "one_shot_sentinel")
 
 
 def max_bytes(algorithm: str) -> int:
@@ -69,6 +77,8 @@ NOTE = ("loopback harness: all ranks simulated on one GPU; tests the protocol "
 # Hardware queues asked of CUDA (read when the context is created), so that
 # every rank's stream has its own.
 MAX_CONNECTIONS = "32"
+# one_shot_sentinel's error report: the fold of an armed word (sentinel.cuh).
+SENTINEL_FOLD = 0xFFFFFFFF
 # Seconds a fault may take beyond the kernel timeout until the host sees the error.
 FAULT_SLACK_S = 8.0
 # Seconds a fault child may take beyond twice its kernel timeout: starting
@@ -106,7 +116,12 @@ class Settings:
     seed: seed of the random inputs.
     device: CUDA ordinal to run on.
     algorithm: the algorithm under test, a short name (ALGORITHMS); generic
-      and block_lines apply to one_shot_ll only.
+      and block_lines apply to ONE_SHOT_OPTIONS only.
+    nan_patterns: input set 2 carries `nan_pattern_lines` (float dtypes; needs
+      sets >= 3).
+    bitwise_against: None, or the short name of a second algorithm that runs
+      every case on the same inputs; both outputs must be equal byte for
+      byte (cases outside its limits or dtypes are skipped).
   """
   worlds: tuple[int, ...] = DEFAULT_WORLDS
   dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16", "int32")
@@ -125,6 +140,8 @@ class Settings:
   seed: int = 0
   device: int = 0
   algorithm: str = "one_shot_ll"
+  nan_patterns: bool = False
+  bitwise_against: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,8 +173,14 @@ def validate(s: Settings) -> list[str]:
     limit = MAX_BYTES
   else:
     limit = max_bytes(s.algorithm)
-    if s.algorithm != "one_shot_ll" and (s.generic or s.block_lines):
-      errors.append("generic and block_lines apply to one_shot_ll only")
+    if s.algorithm not in ONE_SHOT_OPTIONS and (s.generic or s.block_lines):
+      errors.append(f"generic and block_lines apply to {' and '.join(ONE_SHOT_OPTIONS)} only")
+  if s.bitwise_against is not None and (s.bitwise_against not in ALGORITHMS
+                                        or s.bitwise_against == s.algorithm):
+    errors.append(f"bitwise_against must be another of {', '.join(ALGORITHMS)}: "
+                  f"{s.bitwise_against!r}")
+  if s.nan_patterns and s.sets < 3:
+    errors.append("nan_patterns needs at least 3 input sets (set 2 carries them)")
   if not s.sizes or any(not 1 <= n <= limit for n in s.sizes):
     errors.append(f"sizes must be 1-{limit} bytes per rank: {list(s.sizes)}")
   if s.calls < 1:
@@ -170,8 +193,8 @@ def validate(s: Settings) -> list[str]:
     errors.append("timeout_ms must be 1-600000")
   if not s.start_epochs or any(not 0 <= e < 2**64 - 2**32 for e in s.start_epochs):
     errors.append("start epochs must be non-negative and leave room for the calls")
-  if not 0 <= s.misalign <= 7:
-    errors.append("misalign must be 0-7 bytes")
+  if not 0 <= s.misalign <= 15:
+    errors.append("misalign must be 0-15 bytes")
   if not 0 <= s.keep <= s.calls:
     errors.append("keep must be 0 (all calls) or 1-calls")
   if s.max_output_bytes < 1:
@@ -191,8 +214,22 @@ def cases(s: Settings) -> list[tuple[Case, str | None]]:
           reason = None
           if n % c.np_dtype.itemsize:
             reason = f"{n} bytes is not a whole number of {dtype} elements"
+          elif (refusal := _dtype_refusal(s.algorithm, c.np_dtype)) is not None:
+            reason = refusal
+          elif s.bitwise_against is not None:
+            if (refusal := _dtype_refusal(s.bitwise_against, c.np_dtype)) is not None:
+              reason = f"bitwise_against: {refusal}"
+            elif n > max_bytes(s.bitwise_against):
+              reason = (f"bitwise_against: {n} bytes exceeds {s.bitwise_against}'s "
+                        f"{max_bytes(s.bitwise_against)}")
           out.append((c, reason))
   return out
+
+
+def _dtype_refusal(algorithm: str, dtype) -> str | None:
+  if algorithm not in ALGORITHMS:
+    return None  # validate() says so
+  return algorithms.dtype_refusal(algorithms.Algorithm.from_short_name(algorithm), dtype)
 
 
 def kept_calls(s: Settings, case: Case) -> int:
@@ -278,15 +315,127 @@ def special_set(rng: np.random.Generator, base: np.ndarray) -> np.ndarray:
   return x
 
 
+# Bits of the 16-byte line and its two 8-byte words (one_shot_sentinel's
+# unit of store and of poll, ffi/include/llar/sentinel.cuh).
+LINE_BYTES = 16
+_UINT = {2: np.uint16, 4: np.uint32}
+# The quiet bit (top mantissa bit) of each float dtype's bit pattern.
+QUIET_BIT = {np.dtype(np.float32): 1 << 22, np.dtype(ml_dtypes.bfloat16): 1 << 6,
+             np.dtype(np.float16): 1 << 9}
+# Exponent fields: all ones in a NaN or inf.
+_EXPONENT = {np.dtype(np.float32): 0x7F800000, np.dtype(ml_dtypes.bfloat16): 0x7F80,
+             np.dtype(np.float16): 0x7C00}
+# float32 NaNs always in the sample: all ones (the sentinel's half), the
+# canonical ones, signalling ones, the sentinel's replacement (quiet bit of
+# all ones cleared) and neighbours of each.
+F32_NANS = (0xFFFFFFFF, 0x7FFFFFFF, 0xFFFFFFFE, 0x7FFFFFFE, 0x7FC00000, 0xFFC00000,
+            0x7FC00001, 0x7F800001, 0xFF800001, 0x7FBFFFFF, 0xFFBFFFFF, 0xFFBFFFFE)
+
+
+def nan_bit_patterns(dtype, rng: np.random.Generator, f32_sample: int = 2000) -> np.ndarray:
+  """NaN bit patterns of a float dtype, as unsigned integers of its width:
+  every one of float16 and bfloat16 (both signs, every non-zero mantissa,
+  quiet and signalling), and for float32 F32_NANS plus `f32_sample` random
+  ones (random sign and mantissa)."""
+  dtype = np.dtype(dtype)
+  exp = _EXPONENT[dtype]
+  if dtype.itemsize == 2:
+    b = np.arange(1 << 16, dtype=np.uint32)
+    return b[((b & exp) == exp) & ((b & (0x7FFF ^ exp)) != 0)].astype(np.uint16)
+  mant = rng.integers(1, 1 << 23, size=f32_sample, dtype=np.uint64)
+  sign = rng.integers(0, 2, size=f32_sample, dtype=np.uint64) << 31
+  sample = (exp | mant | sign).astype(np.uint32)
+  return np.unique(np.concatenate([np.array(F32_NANS, np.uint32), sample]))
+
+
+def nan_pattern_lines(rng: np.random.Generator, world: int, dtype) -> np.ndarray:
+  """Input lines that put every NaN bit pattern (`nan_bit_patterns`) in
+  every position of a 16-byte line, and 8-byte words of all ones beside their
+  neighbours; shape (lines, world, 16 // itemsize), as unsigned integers.
+
+  Blocks, in order:
+    1. every pattern at every position at every rank at once (random order
+       per rank and position: NaN + NaN of all kinds);
+    2. every pattern at every position as the only NaN of its element
+       (line j: rank j % world; the other ranks hold random finite values);
+    3. for every rank r and word w of the line: w all ones at every rank; at
+       r only; at r beside rank r+1's w equal to all ones with element 0's
+       quiet bit cleared (the replacement one_shot_sentinel sends), and the
+       reverse; at r beside a quiet NaN with a payload at r+1; and w all
+       ones but one element (each position) another NaN at r.
+  """
+  dtype = np.dtype(dtype)
+  u = _UINT[dtype.itemsize]
+  per_line = LINE_BYTES // dtype.itemsize
+  per_word = per_line // 2
+  patterns = nan_bit_patterns(dtype, rng)
+  k = len(patterns)
+
+  def finite(lines):
+    return np.ascontiguousarray(
+        testing.random_array(rng, (lines, world, per_line), dtype)).view(u)
+
+  every = np.empty((k, world, per_line), u)
+  for r in range(world):
+    for q in range(per_line):
+      every[:, r, q] = rng.permutation(patterns)
+  alone = finite(k)
+  for q in range(per_line):
+    alone[np.arange(k), np.arange(k) % world, q] = rng.permutation(patterns)
+
+  ones = u(np.iinfo(u).max)
+  replacement = u(int(ones) ^ QUIET_BIT[dtype])
+  quiet_payload = u(_EXPONENT[dtype] | QUIET_BIT[dtype] | 1)
+  other_nans = patterns[rng.integers(0, k, size=per_word)]
+  words = []
+  for r in range(world):
+    nxt = (r + 1) % world
+    for w in range(2):
+      cols = slice(w * per_word, (w + 1) * per_word)
+      block = finite(5 + per_word)
+      block[0, :, cols] = ones                       # every rank
+      block[1, r, cols] = ones                       # rank r only
+      block[2, r, cols] = ones                       # beside the replacement
+      block[2, nxt, cols] = ones
+      block[2, nxt, w * per_word] = replacement
+      block[3, r, cols] = ones                       # the reverse
+      block[3, r, w * per_word] = replacement
+      block[3, nxt, cols] = ones
+      block[4, r, cols] = ones                       # beside a payload NaN
+      block[4, nxt, w * per_word] = quiet_payload
+      for e in range(per_word):                      # near the sentinel
+        block[5 + e, r, cols] = ones
+        block[5 + e, r, w * per_word + e] = other_nans[e]
+      words.append(block)
+  return np.concatenate([every, alone] + words)
+
+
+def nan_pattern_set(rng: np.random.Generator, base: np.ndarray) -> np.ndarray:
+  """`base` (world, n) with `nan_pattern_lines` over its first lines, as many
+  as fit (all of them from about 64 KiB per rank for float16 and float32)."""
+  x = base.copy()
+  world, n = x.shape
+  u = _UINT[x.dtype.itemsize]
+  lines = nan_pattern_lines(rng, world, x.dtype)
+  per_line = lines.shape[2]
+  fit = min(len(lines), n // per_line)
+  bits = x.view(u)
+  bits[:, :fit * per_line] = lines[:fit].transpose(1, 0, 2).reshape(world, fit * per_line)
+  return x
+
+
 def make_inputs(rng: np.random.Generator, case: Case, sets: int,
-                specials: bool) -> np.ndarray:
-  """Input sets of `case`, shape (sets, world, n_elems): random data, and
-  with `specials` the special columns in set 1 (set 0 when there is one)."""
+                specials: bool, nan_patterns: bool = False) -> np.ndarray:
+  """Input sets of `case`, shape (sets, world, n_elems): random data, with
+  `specials` the special columns in set 1 (set 0 when there is one), and
+  with `nan_patterns` (float dtypes, sets >= 3) `nan_pattern_set` in set 2."""
   x = np.stack([np.stack([testing.random_array(rng, (case.n_elems,), case.np_dtype)
                           for _ in range(case.world)]) for _ in range(sets)])
   if specials:
     k = 1 if sets > 1 else 0
     x[k] = special_set(rng, x[k])
+  if nan_patterns and sets >= 3 and case.np_dtype in QUIET_BIT:
+    x[2] = nan_pattern_set(rng, x[2])
   return x
 
 
@@ -368,6 +517,53 @@ def first_mismatch(outputs: np.ndarray, refs: np.ndarray, first_call: int,
   return found
 
 
+def bitwise_difference(outputs: np.ndarray, other: np.ndarray, first_call: int,
+                       inputs: np.ndarray | None = None) -> dict | None:
+  """Where two algorithms' outputs of the same calls differ in any bit (NaN
+  bits included), or None when they are equal byte for byte.
+
+  Args:
+    outputs, other: (kept, world, n) outputs of the same calls, same dtype.
+    first_call: the call of outputs[0].
+    inputs: (sets, world, n), to quote the inputs of the first difference.
+
+  Returns:
+    None, or ``{"call", "rank", "index", "got", "other" (each {"bits",
+    "value"}), "inputs" (bits, per rank), "elements" (how many differ)}``.
+  """
+  u = _UINT[outputs.dtype.itemsize]
+  a, b = outputs.view(u), other.view(u)
+  if a.shape != b.shape:
+    return {"shape": [list(a.shape), list(b.shape)]}
+  differ = a != b
+  if not differ.any():
+    return None
+  k, rank, index = (int(v) for v in np.argwhere(differ)[0])
+  dtype = outputs.dtype
+  out = {"call": first_call + k, "rank": rank, "index": index,
+         "got": _describe(outputs[k, rank, index], dtype),
+         "other": _describe(other[k, rank, index], dtype),
+         "elements": int(differ.sum())}
+  if inputs is not None:
+    sets = inputs.shape[0]
+    out["inputs"] = [_describe(v, dtype)["bits"]
+                     for v in inputs[(first_call + k) % sets, :, index]]
+  return out
+
+
+def nan_bits(outputs: np.ndarray, limit: int = 16) -> list[str]:
+  """The distinct bit patterns of the NaNs among `outputs` (a float dtype),
+  as hex strings, at most `limit` of them."""
+  dtype = outputs.dtype
+  if dtype not in QUIET_BIT:
+    return []
+  u = _UINT[dtype.itemsize]
+  with np.errstate(invalid="ignore"):
+    nan = np.isnan(outputs.astype(np.float32))
+  found = np.unique(outputs.view(u)[nan])
+  return [f"0x{int(v):0{2 * dtype.itemsize}x}" for v in found[:limit]]
+
+
 # --- one case ------------------------------------------------------------------------
 
 
@@ -404,7 +600,18 @@ def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator) -> dic
                      f"{plan['threads']} threads > {plan['sms']} SMs x "
                      f"{plan['blocks_per_sm']} blocks")
     return row
-  inputs = make_inputs(rng, case, s.sets, s.specials)
+  if s.bitwise_against is not None:
+    other = dict(mod.loopback_plan(
+        case.world, case.n_bytes, code, calls=s.calls, keep=keep, n_sets=s.sets,
+        algorithm=int(algorithms.Algorithm.from_short_name(s.bitwise_against)),
+        ordinal=s.device))
+    if not other["co_resident"]:
+      row["status"] = "skipped"
+      row["reason"] = (f"bitwise_against {s.bitwise_against}: not co-resident: "
+                       f"{case.world} x {other['blocks']} blocks of {other['threads']} "
+                       f"threads > {other['sms']} SMs x {other['blocks_per_sm']} blocks")
+      return row
+  inputs = make_inputs(rng, case, s.sets, s.specials, s.nan_patterns)
   raw = np.ascontiguousarray(inputs).view(np.uint8)
   r = mod.loopback(raw, code, s.calls, sync=s.sync, keep=keep, algorithm=algorithm,
                    generic=s.generic,
@@ -425,11 +632,39 @@ def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator) -> dic
   row["epoch_mismatch"] = r["epoch_mismatch"]
   ok = (mismatch is None and r["epochs_checked"] and r["epoch_mismatch"] is None
         and not records and outputs.shape[0] == keep)
-  row["status"] = "pass" if ok else "fail"
-  row["correct"] = ok
   if mismatch is not None:
     row["first_mismatch"] = mismatch
+  row["nan_bits"] = nan_bits(outputs)
+  if s.bitwise_against is not None:
+    ok = _check_bitwise(mod, s, case, raw, code, keep, inputs, outputs, r, row) and ok
+  row["status"] = "pass" if ok else "fail"
+  row["correct"] = ok
   return row
+
+
+def _check_bitwise(mod: Any, s: Settings, case: Case, raw: np.ndarray, code: int, keep: int,
+                   inputs: np.ndarray, outputs: np.ndarray, r: dict, row: dict) -> bool:
+  """Runs s.bitwise_against on the same inputs and calls (its production
+  launcher, synchronised as `s` says) and compares the outputs byte for
+  byte; fills the row's bitwise_* fields. True when they are equal."""
+  other_id = int(algorithms.Algorithm.from_short_name(s.bitwise_against))
+  o = mod.loopback(raw, code, s.calls, sync=s.sync, keep=keep, algorithm=other_id,
+                   timeout_ms=float(s.timeout_ms), start_epoch=case.start_epoch,
+                   misalign=s.misalign, ordinal=s.device)
+  row["bitwise_against"] = s.bitwise_against
+  if o["cuda_error"] is not None:
+    row["bitwise_error"] = o["cuda_error"]
+    return False
+  other = np.asarray(o["outputs"]).view(case.np_dtype)
+  difference = bitwise_difference(outputs, other, r["first_kept_call"], inputs)
+  row["bitwise_equal"] = difference is None
+  row["bitwise_nan_bits"] = nan_bits(other)
+  if difference is not None:
+    row["bitwise_difference"] = difference
+  u = _UINT[case.np_dtype.itemsize]
+  ranks_agree = bool((outputs.view(u) == outputs.view(u)[:, :1]).all())
+  row["ranks_bitwise_equal"] = ranks_agree
+  return difference is None and ranks_agree
 
 
 # --- fault mode ----------------------------------------------------------------------
@@ -454,7 +689,9 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
   from a rank other than skip_rank about itself (``rank`` = its index),
   names skip_rank as the peer (two_shot_ll: skip_rank, or a chunk owner
   whose reduction waits for skip_rank), carries the epoch of call skip_call and its
-  flag, and waited at least the timeout; the error came within the timeout
+  flag (one_shot_sentinel: the sentinel's fold 0xffffffff as expected and as
+  both words seen, sentinel.cuh: neither word arrived), and waited at least
+  the timeout; the error came within the timeout
   and the trap's wait for the report (wait.cuh) of the last launch; and
   skip_rank reported nothing.
   """
@@ -491,7 +728,12 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
       problems.append(f"{where}: names peer {r.get('peer')}, not {rank_r}")
     if r.get("epoch") != epoch:
       problems.append(f"{where}: epoch {r.get('epoch')}, not {epoch}")
-    if r.get("flag_expected") != ((epoch & 0xFFFFFFFF) | 1):
+    if spec.get("algorithm") == "one_shot_sentinel":
+      seen = (r.get("flag_expected"), r.get("flag_seen"), r.get("flag_seen2"))
+      if seen != (SENTINEL_FOLD,) * 3:
+        problems.append(f"{where}: flag fields {seen}, not the sentinel's fold "
+                        f"{SENTINEL_FOLD} three times (nothing arrived)")
+    elif r.get("flag_expected") != ((epoch & 0xFFFFFFFF) | 1):
       problems.append(f"{where}: expected flag {r.get('flag_expected')}, not "
                       f"{(epoch & 0xFFFFFFFF) | 1}")
     if r.get("waited_ns", 0) < spec["timeout_ms"] * 1e6:
@@ -584,7 +826,14 @@ def _line(row: dict) -> str:
   elif row["status"] in ("pass", "fail"):
     head += f"{row['calls_checked']:3d}/{row['calls']} calls checked: "
   detail = ""
-  if row.get("first_mismatch"):
+  if row.get("bitwise_difference"):
+    d = row["bitwise_difference"]
+    detail = (f" differs from {row['bitwise_against']} at call {d.get('call')} rank "
+              f"{d.get('rank')} [{d.get('index')}]: {d.get('got')} vs {d.get('other')}, "
+              f"inputs {d.get('inputs')}; {d.get('elements')} elements")
+  elif row.get("bitwise_error"):
+    detail = f" {row['bitwise_against']}: {row['bitwise_error']}"
+  elif row.get("first_mismatch"):
     m = row["first_mismatch"]
     detail = (f" call {m['call']} rank {m['rank']} [{m['index']}]: got "
               f"{m['got']['value']} ({m['got']['bits']}), want {m['want']['value']} "

@@ -44,6 +44,15 @@ inline constexpr int kEpochCounters = kMaxBlocks * kMaxWarps;
 inline constexpr std::size_t kOneShotMaxBytes =
     std::size_t(kMaxBlocks) * kLinesPerBlock * kPayloadBytesPerLine;
 
+// Largest payload per rank the one-shot sentinel kernel takes: the
+// one-shot's slots, each carrying 16 payload bytes (sentinel.cuh, no flag
+// words): 64 * 512 * 16 B = 512 KiB in a region of OneShotScratchBytes.
+inline constexpr std::size_t kOneShotSentinelMaxBytes =
+    std::size_t(kMaxBlocks) * kLinesPerBlock * kLineBytes;
+// The byte a sentinel region is filled with when allocated: every slot
+// armed (sentinel.cuh: kSentinelWord is this byte eight times).
+inline constexpr uint8_t kSentinelFill = 0xFF;
+
 enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
 
 // The FFI attribute `algorithm`; the execute handler's launcher table
@@ -56,7 +65,7 @@ enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
 // its region through its PeerTable (scratch[p] is the base of the region on
 // rank p; offsets below are from that base) and its counters through
 // AllReduceArgs::epochs.
-enum class Algorithm : int32_t { kOneShotLL = 1, kTwoShotLL = 2 };
+enum class Algorithm : int32_t { kOneShotLL = 1, kTwoShotLL = 2, kOneShotSentinel = 3 };
 
 // Ids an algorithm may take: 1 .. kMaxAlgorithms - 1. Sizes the per-device
 // state words (one counter set per id), not the launcher table.
@@ -141,6 +150,7 @@ constexpr std::size_t RegionBytes(Algorithm algorithm, int world) {
   switch (algorithm) {
     case Algorithm::kOneShotLL: return OneShotScratchBytes(world);
     case Algorithm::kTwoShotLL: return TwoShotScratchBytes(world);
+    case Algorithm::kOneShotSentinel: return OneShotScratchBytes(world);  // the same slots
   }
   return 0;
 }

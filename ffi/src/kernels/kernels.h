@@ -155,6 +155,22 @@ LLAR_API KernelGrid TwoShotLLGrid(uint32_t n_bytes, int world);
 LLAR_API cudaError_t TwoShotLLOccupancy(DType dtype, int world, uint32_t threads,
                                         int* regs_per_thread, int* blocks_per_sm);
 
+// one_shot_sentinel.cu: the one-shot sentinel all-reduce
+// (one_shot_sentinel.cuh), payloads up to kOneShotSentinelMaxBytes per rank,
+// float32, bfloat16 and float16 only (the launcher refuses int32 with
+// cudaErrorInvalidValue). Grid: OneShotGridFor over 16-byte lines.
+// LaunchOneShotSentinelWith takes the kernel bench's options (generic,
+// block_lines) as LaunchOneShotLLWith does.
+LLAR_API cudaError_t LaunchOneShotSentinel(AllReduceArgs args, DType dtype,
+                                           cudaStream_t stream);
+LLAR_API cudaError_t LaunchOneShotSentinelWith(AllReduceArgs args, DType dtype,
+                                               cudaStream_t stream,
+                                               const OneShotOptions& options);
+LLAR_API cudaError_t PreloadOneShotSentinel();
+LLAR_API KernelGrid OneShotSentinelGrid(uint32_t n_bytes, int world);
+LLAR_API cudaError_t OneShotSentinelOccupancy(DType dtype, int world, uint32_t threads,
+                                              int* regs_per_thread, int* blocks_per_sm);
+
 // The algorithms, indexed by the FFI attribute `algorithm` (Algorithm in
 // args.h); entry 0 is no algorithm. Per entry:
 //   name       the key of the Python module's ALGORITHMS and MAX_BYTES;
@@ -166,7 +182,8 @@ LLAR_API cudaError_t TwoShotLLOccupancy(DType dtype, int world, uint32_t threads
 //   occupancy  registers and resident blocks of its kernel for (dtype,
 //              world, threads); world 0: the run-time world-size kernel;
 //   fill       the byte its scratch region holds when allocated (the
-//              protocol's idle state; the LL protocols' is 0, see ll.cuh).
+//              protocol's idle state; the LL protocols' is 0, see ll.cuh; the
+//              sentinel's kSentinelFill, see sentinel.cuh).
 // The region's size is RegionBytes(algorithm, world) (args.h).
 struct AlgorithmEntry {
   const char* name;
@@ -184,11 +201,15 @@ inline constexpr AlgorithmEntry kAlgorithms[] = {
      &OneShotLLOccupancy, 0},  // Algorithm::kOneShotLL
     {"two_shot_ll", &LaunchTwoShotLL, kTwoShotMaxBytes, &PreloadTwoShotLL, &TwoShotLLGrid,
      &TwoShotLLOccupancy, 0},  // Algorithm::kTwoShotLL
+    {"one_shot_sentinel", &LaunchOneShotSentinel, kOneShotSentinelMaxBytes,
+     &PreloadOneShotSentinel, &OneShotSentinelGrid, &OneShotSentinelOccupancy,
+     kSentinelFill},  // Algorithm::kOneShotSentinel
 };
 inline constexpr int64_t kAlgorithmCount =
     static_cast<int64_t>(sizeof(kAlgorithms) / sizeof(kAlgorithms[0]));
 static_assert(static_cast<int64_t>(Algorithm::kOneShotLL) == 1, "kAlgorithms order");
 static_assert(static_cast<int64_t>(Algorithm::kTwoShotLL) == 2, "kAlgorithms order");
+static_assert(static_cast<int64_t>(Algorithm::kOneShotSentinel) == 3, "kAlgorithms order");
 static_assert(kAlgorithmCount <= kMaxAlgorithms, "args.h: kMaxAlgorithms counter sets");
 
 // The table entry of `algorithm`, or nullptr outside the table.

@@ -1,0 +1,183 @@
+"""The one-shot sentinel all-reduce on the loopback harness (one GPU, every
+rank simulated on it): ``python -m jax_llar.tools.loopback
+--algorithm=one_shot_sentinel``.
+
+World sizes 2-16 (the kernels for 2, 4 and 8 ranks and the run-time one),
+the three float dtypes, sizes from one element to the sentinel's 512 KiB
+limit with odd tails and 16-byte misaligned buffers, consecutive calls
+synchronised and not, 1000 calls in a row (epoch parity and the re-arming of
+every slot), the outputs bitwise equal to the one-shot LL's on the same
+inputs (NaN bits included: every float16 and bfloat16 NaN and a float32
+sample in every position of a line, all-ones words, -0.0, subnormals, inf),
+int32 refused, and a rank left out ending in the bounded-wait error. What
+passes here is the protocol logic and the reduction, not NVLink: every store
+is local to the one GPU.
+
+With JAX_LLAR_GPU1_RESULTS=DIR each tool run's JSON record is also copied to
+DIR/sentinel-<test>.json.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+
+import pytest
+
+from jax_llar.algorithms import Algorithm
+from jax_llar.tools import _native
+
+from loopback_helpers import run_tool, statuses
+
+SENT = "--algorithm=one_shot_sentinel"
+FLOATS = ("float32", "bfloat16", "float16")
+# One 16-bit element (a part of one word), odd tails, one line and a line
+# plus one element, a whole block of 64 lines, grid steps, the one-shot LL's
+# limit and the sentinel's own.
+SIZES = (2, 6, 16, 18, 100, 1024, 4100, 65536, 262144, 524288)
+ALLOWED_SKIPS = ("whole number", "co-resident", "float32, bfloat16 and float16 only")
+
+
+def _run(tmp_path, name, *args, timeout=900):
+  rc, record, tail = run_tool(tmp_path, *args, timeout=timeout)
+  out = os.environ.get("JAX_LLAR_GPU1_RESULTS")
+  if out and (tmp_path / "loopback.json").exists():
+    pathlib.Path(out).mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "loopback.json", pathlib.Path(out) / f"sentinel-{name}.json")
+  return rc, record, tail
+
+
+def _problems(record):
+  """Rows that neither passed nor were skipped for a reason stated up front."""
+  return [r for r in record["rows"] if r["status"] != "pass" and not (
+      r["status"] == "skipped" and any(w in r.get("reason", "") for w in ALLOWED_SKIPS))]
+
+
+def _passed(record):
+  return {(r["world_size"], r["dtype"], r["bytes_per_rank"], r["start_epoch"])
+          for r in record["rows"] if r["status"] == "pass"}
+
+
+def test_sentinel_refuses_int32_before_any_launch():
+  """The native harness refuses int32 for the sentinel (ValueError, no CUDA
+  call), as its launcher does (cudaErrorInvalidValue)."""
+  mod = _native.load()
+  with pytest.raises(ValueError, match="does not serve int32"):
+    mod.loopback_plan(2, 1024, mod.DTYPE_CODES["int32"],
+                      algorithm=int(Algorithm.ONE_SHOT_SENTINEL))
+  plan = dict(mod.loopback_plan(2, 1024, mod.DTYPE_CODES["float32"],
+                                algorithm=int(Algorithm.ONE_SHOT_SENTINEL)))
+  assert plan["blocks"] == 1 and plan["threads"] == 64 and plan["co_resident"]
+
+
+def test_sentinel_is_bitwise_the_one_shot_ll_nan_bits_included(tmp_path):
+  """Every case runs the one-shot LL on the same inputs too; the outputs
+  must be equal byte for byte. Input set 2 carries every float16 and
+  bfloat16 NaN and a float32 sample at every position of a line, alone and
+  beside other NaNs, and all-ones words (the sentinel) beside the
+  replacement the sender makes of them; set 1 -0.0, subnormals, inf, inf -
+  inf, overflow and ties."""
+  rc, record, tail = _run(tmp_path, "bitwise-nan", SENT, "--bitwise_against=one_shot_ll",
+                          "--nan_patterns", "--worlds=2,3,4,8,16",
+                          "--dtypes=float32,bfloat16,float16", "--sizes=98304,98306,4100",
+                          "--calls=8", "--sets=4", "--start_epochs=0,1")
+  assert record is not None, tail
+  assert rc == 0 and not _problems(record), (_problems(record)[:3], tail)
+  rows = [r for r in record["rows"] if r["status"] == "pass"]
+  assert all(r["bitwise_equal"] and r["ranks_bitwise_equal"] for r in rows)
+  assert {(r["world_size"], r["dtype"]) for r in rows if r["bytes_per_rank"] == 98304} == {
+      (w, d) for w in (2, 3, 4, 8, 16) for d in FLOATS}
+  assert all(r["nan_bits"] for r in rows if r["bytes_per_rank"] == 98304)
+  # Without synchronisation too.
+  rc, record, tail = _run(tmp_path, "bitwise-nan-nosync", SENT,
+                          "--bitwise_against=one_shot_ll", "--nan_patterns",
+                          "--worlds=2,5", "--dtypes=float16,bfloat16", "--sizes=98304",
+                          "--calls=12", "--no_sync")
+  assert record is not None and rc == 0 and statuses(record) == {"pass": 4}, tail
+
+
+def test_sentinel_every_world_size_synchronised(tmp_path):
+  """Worlds 2-16, float dtypes, one element to 512 KiB, from epoch 0 and
+  from an odd epoch (the other half first); int32 is skipped with the
+  reason."""
+  rc, record, tail = _run(tmp_path, "matrix", SENT, "--worlds=2,3,4,5,8,16",
+                          "--dtypes=float32,bfloat16,float16,int32",
+                          f"--sizes={','.join(map(str, SIZES))}", "--calls=12",
+                          "--start_epochs=0,4294967295")
+  assert record is not None, tail
+  assert rc == 0 and not _problems(record), (_problems(record)[:3], tail)
+  passed = _passed(record)
+  for world in (2, 3, 4, 5, 8, 16):
+    for dtype in FLOATS:
+      for n in SIZES:
+        if n % {"float32": 4}.get(dtype, 2) or n > (262144 if world < 8 else 65536):
+          continue
+        for e in (0, 4294967295):
+          assert (world, dtype, n, e) in passed, (world, dtype, n, e, tail)
+  assert {(2, "float32", 524288, 0), (2, "bfloat16", 524288, 4294967295)} <= passed, tail
+  int32 = [r for r in record["rows"] if r["dtype"] == "int32"]
+  assert int32 and all(r["status"] == "skipped" and "only" in r["reason"] for r in int32)
+  assert all(r["impl"] == "loopback.one_shot_sentinel" for r in record["rows"])
+  kernels = {(r["world_size"], r["kernel"]) for r in record["rows"] if r["status"] == "pass"}
+  assert {(2, "world 2"), (4, "world 4"), (8, "world 8"), (3, "generic"),
+          (16, "generic")} <= kernels
+
+
+def test_sentinel_rank_left_out_ends_in_the_bounded_wait_error(tmp_path):
+  """Rank 2 misses one call: every other rank reports rank 2 at that call's
+  epoch with the sentinel's fold in all three flag fields (nothing arrived),
+  within the timeout, in a child process each; never a hang."""
+  rc, record, tail = _run(tmp_path, "fault", SENT, "--skip_rank=2", "--skip_call=3",
+                          "--calls=6", "--worlds=3,8", "--dtypes=float32",
+                          "--sizes=1024", "--timeout_ms=1000", "--start_epochs=5")
+  assert record is not None, tail
+  assert rc == 0 and statuses(record) == {"pass": 2}, tail
+  for row in record["rows"]:
+    assert row["records"] and all(r["peer"] == 2 for r in row["records"]), row
+    assert all(r["flag_seen"] == r["flag_seen2"] == 0xFFFFFFFF for r in row["records"]), row
+    assert row["cuda_error"] and not row["deadline_exceeded"], row
+
+
+def test_sentinel_ranks_running_ahead_generic_and_misaligned(tmp_path):
+  """No synchronisation between calls (ranks run calls ahead: both halves
+  in use, re-arming racing the next call's writes of the other half), the
+  run-time-world kernel for 2, 4 and 8 ranks, buffers 4 bytes off (byte-wise
+  path)."""
+  rc, record, tail = _run(tmp_path, "nosync-generic", SENT, "--worlds=2,4,8,16",
+                          "--dtypes=float32,bfloat16", "--sizes=100,4100,65536,262144",
+                          "--calls=40", "--no_sync", "--generic", "--misalign=4",
+                          "--start_epochs=0,7")
+  assert record is not None, tail
+  assert rc == 0 and not _problems(record), (_problems(record)[:3], tail)
+  passed = _passed(record)
+  for world in (2, 4, 8, 16):
+    for n in (100, 4100, 65536):
+      assert (world, "float32", n, 7) in passed, (world, n, tail)
+  assert all(r["kernel"] == "generic" for r in record["rows"] if r["status"] == "pass")
+
+
+def test_sentinel_buffers_8_byte_aligned_not_16(tmp_path):
+  """Buffers 8 bytes off a 16-byte boundary: aligned for LL lines, not for
+  the sentinel's 16-byte accesses (its byte-wise path), without
+  synchronisation."""
+  rc, record, tail = _run(tmp_path, "misalign8", SENT, "--worlds=2,3,8",
+                          "--dtypes=float16,float32", "--sizes=20,4100,65536", "--calls=20",
+                          "--no_sync", "--misalign=8")
+  assert record is not None, tail
+  assert rc == 0 and not _problems(record) and statuses(record) == {"pass": 18}, tail
+
+
+def test_sentinel_a_thousand_calls(tmp_path):
+  """1000 consecutive calls (each slot written, read and re-armed 500 times
+  per half), synchronised for 2 ranks and free-running for 3 and 8; the
+  outputs of the last calls (as many as 256 MiB, then 64 MiB, hold) are
+  checked."""
+  rc, record, tail = _run(tmp_path, "1000-calls-sync", SENT, "--worlds=2",
+                          "--dtypes=bfloat16", "--sizes=16,4096,65552", "--calls=1000")
+  assert record is not None and rc == 0 and statuses(record) == {"pass": 3}, tail
+  rc, record, tail = _run(tmp_path, "1000-calls-nosync", SENT, "--worlds=3,8",
+                          "--dtypes=bfloat16,float32", "--sizes=16,65552", "--calls=1000",
+                          "--no_sync", "--start_epochs=1", "--max_output_mib=64")
+  assert record is not None and rc == 0 and statuses(record) == {"pass": 8}, tail
+  assert all(r["calls_checked"] >= 100 for r in record["rows"])
