@@ -28,6 +28,9 @@
 #           iteration against grid size)
 #   gpu1    JAX_LLAR_TEST_GPU=1 pytest tests/gpu1 (the one-GPU suite: the
 #           loopback harness's tests of every algorithm; GPU1_ARGS)
+#   soak    python -m jax_llar.tools.soak (SOAK_ARGS, default --calls=2200000):
+#           consecutive checked calls, mixed sizes, dtypes and algorithms; real
+#           GPUs through XLA with 2+ GPUs, else the loopback on one
 #   loopback  python -m jax_llar.tools.loopback: world sizes 2-16 simulated on
 #           ONE GPU (the protocol logic and the reduction, not NVLink, no
 #           timings): the matrix with and without synchronising the ranks
@@ -36,7 +39,7 @@
 #           and a rank left out of one call (the others must end in the
 #           bounded-wait error; child processes). Writes $OUT/loopback*.json.
 # Environment: BENCH_ARGS, FLAGS_ARGS, KBENCH_ARGS, SOL_ARGS, GRAPH_ARGS,
-# DEMO_ARGS, SWEEP_ARGS, LOOP_ARGS, LOOPFLAGS_ARGS, CG_ARGS, GPU1_ARGS, LOOPBACK_ARGS
+# DEMO_ARGS, SWEEP_ARGS, LOOP_ARGS, LOOPFLAGS_ARGS, CG_ARGS, GPU1_ARGS, SOAK_ARGS, LOOPBACK_ARGS
 # (extra flags of those commands; LOOPBACK_ARGS go to the three matrix runs of
 # the loopback stage, LOOPBACK_FAULT_ARGS to its fault run), LLAR_GIT_COMMIT
 # (the commit to record in result files when this copy of the tree is not a
@@ -112,6 +115,7 @@ for s in "${stages[@]}"; do
     loopflags) run_stage loopflags $PY -m jax_llar.tools.bench --level loop --loop_flags --sizes=1024 --flag_timeout=420 --tag=-flags --out "$OUT" ${LOOPFLAGS_ARGS:-} ;;
     cg) run_stage cg $PY examples/cg_solver/main.py --out "$OUT" ${CG_ARGS:-} ;;
     loopback) run_stage loopback bash -c loopback_stage ;;
+    soak) run_stage soak $PY -m jax_llar.tools.soak --out "$OUT" ${SOAK_ARGS:---calls=2200000} ;;
     *) log "unknown stage $s" ;;
   esac
 done
@@ -128,5 +132,6 @@ grep -A30 "^inter-token latency" "$OUT/demo.log" 2>/dev/null
 tail -n 45 "$OUT/loop.log" 2>/dev/null
 grep -E '"in_command_buffer": (true|false)' "$OUT/graph.log" 2>/dev/null | tail -n 1
 grep -E "^(cases:|stopped:|note:)| (FAIL|ERROR)" "$OUT/loopback.log" 2>/dev/null | head -n 40
+grep -E "^soak (PASSED|FAILED)" "$OUT/soak.log" 2>/dev/null
 # The device tool returns at most 8 files: pack the logs into one.
 (cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log)
