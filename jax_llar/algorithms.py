@@ -36,6 +36,18 @@ Algorithms:
     changed without changing the sum). Payload per rank: up to 64 blocks x
     512 lines x 16 bytes. Not in the tuning table yet; reachable with
     JAX_LLAR_ALGORITHM=one_shot_sentinel.
+  ONE_SHOT_LL128 (4): the one-shot in NCCL's LL128 line format: 128-byte
+    lines of 120 payload bytes and an 8-byte flag word, each stored by 8 lanes
+    of a warp with one 16-byte vector store apiece, polled by the reader with
+    the same lane mapping; reduces in rank order (bitwise the one-shot LL's
+    result); double buffered by epoch parity with its own epoch counters, no
+    barrier (ffi/include/llar/ll128.cuh, ffi/src/kernels/one_shot_ll128.cuh).
+    Correct only if a warp's 128-byte store reaches the reader as one unit: a
+    property of the hardware that no documentation promises, tested by
+    ``python -m jax_llar.tools.store_atomicity`` (benchmarks/NOTES.md records
+    each run). 15/16 of the bytes on the wire are payload (the LL's 1/2).
+    Payload per rank: up to 64 blocks x 64 lines x 120 bytes. Not in the
+    tuning table yet; reachable with JAX_LLAR_ALGORITHM=one_shot_ll128.
 """
 
 from __future__ import annotations
@@ -60,6 +72,7 @@ class Algorithm(enum.IntEnum):
   ONE_SHOT_LL = 1
   TWO_SHOT_LL = 2
   ONE_SHOT_SENTINEL = 3
+  ONE_SHOT_LL128 = 4
 
   @property
   def short_name(self) -> str:
@@ -96,11 +109,13 @@ MAX_RANKS = 16
 # Largest payload per rank, in bytes, that each algorithm's scratch holds
 # (args.h: kOneShotMaxBytes = kMaxBlocks * kLinesPerBlock * kPayloadBytesPerLine;
 # kTwoShotMaxBytes; kOneShotSentinelMaxBytes = kMaxBlocks * kLinesPerBlock *
-# kLineBytes).
+# kLineBytes; kOneShotLL128MaxBytes = kMaxBlocks * kLL128LinesPerBlock *
+# kLL128PayloadBytes).
 MAX_BYTES: dict[Algorithm, int] = {
     Algorithm.ONE_SHOT_LL: 64 * 512 * 8,
     Algorithm.TWO_SHOT_LL: 4 * 1024 * 1024,
     Algorithm.ONE_SHOT_SENTINEL: 64 * 512 * 16,
+    Algorithm.ONE_SHOT_LL128: 64 * 64 * 120,
 }
 
 # The largest of MAX_BYTES: the cap of the JAX_LLAR_MAX_BYTES setting.
@@ -156,6 +171,8 @@ def region_bytes(algorithm: Algorithm, world: int) -> int:
     return 2 * 64 * world * 512 * 16
   if algorithm == Algorithm.TWO_SHOT_LL:
     return two_shot_max_steps(world) * 2 * 2 * world * TWO_SHOT_STEP_LINES * 16
+  if algorithm == Algorithm.ONE_SHOT_LL128:  # halves x blocks x ranks x lines x 128 B
+    return 2 * 64 * world * 64 * 128
   raise ValueError(f"no region size for {algorithm!r}")
 
 

@@ -20,6 +20,7 @@ PROGRAMS = {
     "graphcheck": [sys.executable, "-m", "jax_llar.tools.graphcheck", "--help"],
     "loopback": [sys.executable, "-m", "jax_llar.tools.loopback", "--help"],
     "tune": [sys.executable, "-m", "jax_llar.tools.tune", "--help"],
+    "store_atomicity": [sys.executable, "-m", "jax_llar.tools.store_atomicity", "--help"],
     "tp_decode": [sys.executable, "examples/tp_decode/main.py", "--help"],
 }
 

@@ -25,6 +25,7 @@
 #include "one_shot_ll_diag.h"
 #include "preload.h"
 #include "sol.h"
+#include "store_atomicity.h"
 
 namespace nb = nanobind;
 
@@ -177,6 +178,90 @@ NB_MODULE(_llar_tools, m) {
       },
       nb::arg("ordinals"), nb::arg("iters"),
       "Speed-of-light microbenchmarks on the given CUDA ordinals (ns / us).");
+
+  m.def(
+      "store_atomicity",
+      [](int writer_device, int reader_device, uint32_t iterations, uint32_t lines,
+         uint32_t warps_per_block, uint32_t max_delay_ns, bool split, uint32_t split_delay_ns,
+         uint64_t seed, double timeout_ms, double max_seconds) {
+        llar::StoreAtomicitySpec s;
+        s.writer_device = writer_device;
+        s.reader_device = reader_device;
+        s.iterations = iterations;
+        s.lines = lines;
+        s.warps_per_block = warps_per_block;
+        s.max_delay_ns = max_delay_ns;
+        s.split = split;
+        s.split_delay_ns = split_delay_ns;
+        s.seed = seed;
+        if (!(timeout_ms > 0) || timeout_ms > 600000) {
+          throw std::invalid_argument(
+              "jax_llar store atomicity: the timeout must be 1-600000 ms");
+        }
+        s.timeout_ns = static_cast<uint64_t>(timeout_ms * 1e6);
+        s.max_seconds = max_seconds;
+        llar::StoreAtomicityResult r;
+        {
+          nb::gil_scoped_release release;
+          r = llar::RunStoreAtomicity(s);
+        }
+        nb::dict d;
+        d["line_rounds"] = r.line_rounds;
+        d["rounds_completed"] = r.rounds_completed;
+        d["polls"] = r.polls;
+        d["torn_lines"] = r.torn_lines;
+        d["torn_loads"] = r.torn_loads;
+        d["bad_words"] = r.bad_words;
+        if (r.has_first_torn) {
+          nb::dict t;
+          t["line"] = r.first_torn_line;
+          t["round"] = r.first_torn_round;
+          nb::list words;
+          for (uint64_t w : r.first_torn_words) words.append(w);
+          t["words"] = words;
+          d["first_torn"] = t;
+        } else {
+          d["first_torn"] = nb::none();
+        }
+        d["stopped_by_host"] = r.stopped_by_host;
+        d["timed_out"] = r.timed_out;
+        d["timeout_side"] = r.timeout_side.empty() ? nb::none() : nb::cast(r.timeout_side);
+        d["timeout_group"] = r.timeout_group;
+        d["timeout_round"] = r.timeout_round;
+        d["deadline_exceeded"] = r.deadline_exceeded;
+        d["cuda_error"] = r.cuda_error.empty() ? nb::none() : nb::cast(r.cuda_error);
+        d["seconds"] = r.seconds;
+        d["same_device"] = r.same_device;
+        d["p2p_native_atomics"] = r.p2p_native_atomics;
+        d["p2p_performance_rank"] = r.p2p_performance_rank;
+        d["writer_name"] = r.writer_name;
+        d["reader_name"] = r.reader_name;
+        d["writer_pci_bus_id"] = r.writer_pci_bus_id;
+        d["reader_pci_bus_id"] = r.reader_pci_bus_id;
+        d["writer_blocks"] = r.writer_blocks;
+        d["reader_blocks"] = r.reader_blocks;
+        d["threads_per_block"] = r.threads_per_block;
+        d["writer_sms"] = r.writer_sms;
+        d["reader_sms"] = r.reader_sms;
+        return d;
+      },
+      nb::arg("writer_device"), nb::arg("reader_device"), nb::arg("iterations"),
+      nb::arg("lines") = 2048, nb::arg("warps_per_block") = 4, nb::arg("max_delay_ns") = 1000,
+      nb::arg("split") = false, nb::arg("split_delay_ns") = 2000, nb::arg("seed") = 1,
+      nb::arg("timeout_ms") = 5000.0, nb::arg("max_seconds") = 120.0,
+      "Store-atomicity test of 128-byte warp stores (store_atomicity.h): writer "
+      "warps on writer_device store `lines` LL128-shaped lines (every 8-byte word "
+      "encodes round, line and word) into reader_device's memory, `iterations` "
+      "rounds each, readers poll with whole-line loads and count torn lines. "
+      "split: store each line in two instructions (the detector must then find "
+      "torn lines). Returns a dict: line_rounds, rounds_completed, polls (warp "
+      "loads of 4 lines), torn_lines, torn_loads, bad_words, first_torn (None or "
+      "{line, round, words}), stopped_by_host, timed_out, timeout_side, "
+      "timeout_group, timeout_round, deadline_exceeded, cuda_error, seconds, "
+      "same_device, p2p_native_atomics, p2p_performance_rank, writer_name, "
+      "reader_name, writer_pci_bus_id, reader_pci_bus_id, writer_blocks, "
+      "reader_blocks, threads_per_block, writer_sms, reader_sms. ValueError for a "
+      "bad spec, RuntimeError for a CUDA failure while setting up or no peer access.");
 
   m.def("enable_call_trace", &llar::EnableCallTrace, nb::arg("comm_id"),
         "Start recording device timestamps of every call (TRACE_SLOTS entries) "

@@ -65,7 +65,8 @@ enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
 // its region through its PeerTable (scratch[p] is the base of the region on
 // rank p; offsets below are from that base) and its counters through
 // AllReduceArgs::epochs.
-enum class Algorithm : int32_t { kOneShotLL = 1, kTwoShotLL = 2, kOneShotSentinel = 3 };
+enum class Algorithm : int32_t {
+  kOneShotLL = 1, kTwoShotLL = 2, kOneShotSentinel = 3, kOneShotLL128 = 4 };
 
 // Ids an algorithm may take: 1 .. kMaxAlgorithms - 1. Sizes the per-device
 // state words (one counter set per id), not the launcher table.
@@ -142,6 +143,34 @@ LLAR_HOST_DEVICE constexpr uint32_t TwoShotOffset(int step, int half, int phase,
               kLinesPerBlock + uint32_t(t)) * kLineBytes;
 }
 
+// One-shot LL128 geometry (ll128.cuh, kernels/one_shot_ll128.cuh). A line
+// is 128 bytes, 120 of them payload and 8 the flag word, carried by 8 lanes;
+// a block of kMaxThreads threads carries kMaxThreads / 8 lines. Every block
+// owns a fixed part of the region, each of its warps 4 lines of it.
+inline constexpr int kLL128LineBytes = 128;
+inline constexpr int kLL128PayloadBytes = 120;
+inline constexpr int kLL128LinesPerBlock = kMaxThreads / 8;  // lines per block and source
+// Largest payload per rank the one-shot LL128 kernel takes:
+// 64 blocks * 64 lines * 120 B = 491520 B (480 KiB).
+inline constexpr std::size_t kOneShotLL128MaxBytes =
+    std::size_t(kMaxBlocks) * kLL128LinesPerBlock * kLL128PayloadBytes;
+
+// Bytes of the one-shot LL128's region per rank: two halves (epoch parity)
+// x blocks x source ranks x lines x 128 B (1 MiB per rank of the group).
+constexpr std::size_t OneShotLL128RegionBytes(int world) {
+  return std::size_t(2) * kMaxBlocks * std::size_t(world) * kLL128LinesPerBlock *
+         kLL128LineBytes;
+}
+
+// Byte offset of line `line` of block `block`, sent by rank `src`, in half
+// `half` of the one-shot LL128's region (32-bit arithmetic as ScratchOffset).
+// A lane's 16-byte part j of the line is at this offset + 16 j.
+LLAR_HOST_DEVICE constexpr uint32_t OneShotLL128Offset(int half, int block, int world, int src,
+                                                       int line) {
+  return (((uint32_t(half) * kMaxBlocks + uint32_t(block)) * uint32_t(world) + uint32_t(src)) *
+              kLL128LinesPerBlock + uint32_t(line)) * kLL128LineBytes;
+}
+
 // Bytes of `algorithm`'s scratch region per rank for a group of `world`
 // ranks; 0 for an id that is no algorithm. What a communicator allocates per
 // algorithm it serves (registry.cc) and the loopback harness gives each
@@ -151,6 +180,7 @@ constexpr std::size_t RegionBytes(Algorithm algorithm, int world) {
     case Algorithm::kOneShotLL: return OneShotScratchBytes(world);
     case Algorithm::kTwoShotLL: return TwoShotScratchBytes(world);
     case Algorithm::kOneShotSentinel: return OneShotScratchBytes(world);  // the same slots
+    case Algorithm::kOneShotLL128: return OneShotLL128RegionBytes(world);
   }
   return 0;
 }

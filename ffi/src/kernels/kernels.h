@@ -171,6 +171,22 @@ LLAR_API KernelGrid OneShotSentinelGrid(uint32_t n_bytes, int world);
 LLAR_API cudaError_t OneShotSentinelOccupancy(DType dtype, int world, uint32_t threads,
                                               int* regs_per_thread, int* blocks_per_sm);
 
+// one_shot_ll128.cu: the one-shot LL128 all-reduce (one_shot_ll128.cuh),
+// payloads up to kOneShotLL128MaxBytes per rank, every dtype.
+//
+// Grid for `lines` LL128 lines (120 payload bytes each): up to
+// kOneShotLL128BlockLines lines per block until kMaxBlocks blocks, then up
+// to kLL128LinesPerBlock; threads = the lines per block in whole warps of 4
+// lines (8 lanes per line). kOneShotLL128BlockLines gives each block the
+// one-shot LL's 2 warps at small sizes; it is not measured for LL128 yet.
+inline constexpr uint32_t kOneShotLL128BlockLines = 8;
+LLAR_API OneShotGrid OneShotLL128GridFor(uint32_t lines);
+LLAR_API cudaError_t LaunchOneShotLL128(AllReduceArgs args, DType dtype, cudaStream_t stream);
+LLAR_API cudaError_t PreloadOneShotLL128();
+LLAR_API KernelGrid OneShotLL128Grid(uint32_t n_bytes, int world);
+LLAR_API cudaError_t OneShotLL128Occupancy(DType dtype, int world, uint32_t threads,
+                                           int* regs_per_thread, int* blocks_per_sm);
+
 // The algorithms, indexed by the FFI attribute `algorithm` (Algorithm in
 // args.h); entry 0 is no algorithm. Per entry:
 //   name       the key of the Python module's ALGORITHMS and MAX_BYTES;
@@ -204,12 +220,15 @@ inline constexpr AlgorithmEntry kAlgorithms[] = {
     {"one_shot_sentinel", &LaunchOneShotSentinel, kOneShotSentinelMaxBytes,
      &PreloadOneShotSentinel, &OneShotSentinelGrid, &OneShotSentinelOccupancy,
      kSentinelFill},  // Algorithm::kOneShotSentinel
+    {"one_shot_ll128", &LaunchOneShotLL128, kOneShotLL128MaxBytes, &PreloadOneShotLL128,
+     &OneShotLL128Grid, &OneShotLL128Occupancy, 0},  // Algorithm::kOneShotLL128
 };
 inline constexpr int64_t kAlgorithmCount =
     static_cast<int64_t>(sizeof(kAlgorithms) / sizeof(kAlgorithms[0]));
 static_assert(static_cast<int64_t>(Algorithm::kOneShotLL) == 1, "kAlgorithms order");
 static_assert(static_cast<int64_t>(Algorithm::kTwoShotLL) == 2, "kAlgorithms order");
 static_assert(static_cast<int64_t>(Algorithm::kOneShotSentinel) == 3, "kAlgorithms order");
+static_assert(static_cast<int64_t>(Algorithm::kOneShotLL128) == 4, "kAlgorithms order");
 static_assert(kAlgorithmCount <= kMaxAlgorithms, "args.h: kMaxAlgorithms counter sets");
 
 // The table entry of `algorithm`, or nullptr outside the table.

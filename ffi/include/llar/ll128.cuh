@@ -1,0 +1,168 @@
+// LL128 protocol: one 128-byte line carries 120 bytes of payload and an
+// 8-byte flag, stored by 8 lanes of a warp with one vector store instruction.
+//
+// Source: NCCL's LL128 protocol (its line of 16 eight-byte words, 15 of them
+// data and 1 flag, carried by 8 threads); arXiv 2607.16100, section 4 (the
+// family of line formats the algorithms are written in).
+//
+// Line layout
+//   A line is 128 bytes, 128-byte aligned in the reader's scratch (every
+//   region base is: cudaMalloc and NCCL windows align far more, and every
+//   slot offset is a multiple of kLL128LineBytes). Lanes 8k .. 8k + 7 of a
+//   warp carry line k of the warp (kLL128LinesPerWarp = 4 lines per warp);
+//   lane 8k + j holds bytes [16j, 16j + 16) of the line. Lanes 8k .. 8k + 6
+//   hold 16 payload bytes each, lane 8k + 7 holds 8 payload bytes and then
+//   the flag word: 7 * 16 + 8 = 120 payload bytes. In 8-byte payload units
+//   (the unit reduce.cuh's Payload<T> packs): lane j < 7 holds units 2j and
+//   2j + 1 of the line, lane 7 unit 14; line L of a payload holds units
+//   [15L, 15L + 15), i.e. bytes [120L, 120L + 120). 8 bytes is a whole number
+//   of elements of every dtype served (4-byte and 2-byte types), so no
+//   element straddles two units or two lines.
+//
+// Contract
+//   Writer: the 8 lanes of a line store their 16-byte parts into the
+//   reader's scratch with ONE warp-wide st.volatile.global.v4.u32
+//   (StoreLL128Part, executed by the converged warp: the kernel calls
+//   __syncwarp() before its sends), the flag lane's part carrying
+//   LL128Flag(E) in its second 8 bytes.
+//   Reader: every lane loads its 16-byte part of its line with the same lane
+//   mapping, one warp-wide ld.volatile.global.v4.u32 (LoadLL128Part); the
+//   flag lane checks the flag word; the warp reloads (every lane, one
+//   instruction again) while __any_sync says some line of the warp is not
+//   ready (WaitLL128Part). It then uses the parts of that last load, flag and
+//   payload from the same instruction.
+//
+// Memory-ordering argument, and what it rests on
+//   The reader accepts a line when its flag lane sees LL128Flag(E) and uses
+//   the other 7 lanes' parts from the same load instruction. This is correct
+//   only if the writer's 128-byte store reaches the reader's memory as one
+//   unit AND the reader's 128-byte load reads it as one unit: then a load
+//   that sees the flag word of the store sees all 120 payload bytes of it.
+//   That is an ASSUMPTION about the hardware, NOT a documented guarantee.
+//   The PTX memory model treats a vector access as a set of scalar accesses
+//   of at most 8 bytes each, performed in an unspecified order, and the 8
+//   lanes' accesses as separate operations; it only promises that each
+//   aligned 8-byte word is never split (which is all the LL protocol,
+//   ll.cuh, needs). NCCL's LL128 rests on the same assumption and is enabled
+//   by NCCL only where that holds (its release notes name data corruption
+//   where the traffic passes through the CPU). Here the evidence is the
+//   hardware test ffi/tools/store_atomicity.cu (python -m
+//   jax_llar.tools.store_atomicity): writers store lines shaped like these,
+//   readers poll them with the same lane mapping under adversarial timing
+//   and count lines whose flag is new but whose payload is not; on one
+//   device that tests L2, across two devices NVLink. Where the property does
+//   not hold, a reader can accept a partly stale line: a wrong answer, not a
+//   hang. benchmarks/NOTES.md records each run of that test.
+//   No fence is needed on either side otherwise, as in ll.cuh: the flag and
+//   its payload travel in one store, and the reader never waits for a
+//   separate flag.
+//
+// Flags
+//   The flag word of epoch E is FlagOf(E) (ll.cuh) in its low 32 bits and 0
+//   in its high 32 bits. It is never 0, so zero-filled scratch never looks
+//   ready; uniqueness over long runs comes from the re-zeroing of epoch.cuh
+//   exactly as for LL lines (the same 32-bit flag, the same window).
+#ifndef LLAR_LL128_CUH_
+#define LLAR_LL128_CUH_
+
+#include <cstdint>
+
+#include "llar/args.h"
+#include "llar/ll.cuh"
+#include "llar/wait.cuh"
+
+namespace llar {
+
+// kLL128LineBytes (128), kLL128PayloadBytes (120) and kLL128LinesPerBlock
+// are in args.h, which the host code reads too.
+inline constexpr int kLL128LanesPerLine = 8;
+inline constexpr int kLL128LinesPerWarp = kWarpSize / kLL128LanesPerLine;
+inline constexpr int kLL128PartBytes = kLL128LineBytes / kLL128LanesPerLine;  // per lane
+inline constexpr int kLL128FlagLane = kLL128LanesPerLine - 1;  // of each line's 8
+// 8-byte payload units (reduce.cuh's Payload) per line.
+inline constexpr int kLL128UnitsPerLine = kLL128PayloadBytes / kPayloadBytesPerLine;
+static_assert(kLL128UnitsPerLine * kPayloadBytesPerLine == kLL128PayloadBytes,
+              "a line holds whole payload units");
+static_assert(kLL128LinesPerWarp * kLL128LanesPerLine == kWarpSize, "lines per warp");
+static_assert(kLL128LinesPerBlock * kLL128LanesPerLine == kMaxThreads, "lines per block");
+static_assert(kLL128PayloadBytes == kLL128LineBytes - 8, "one 8-byte flag word per line");
+
+// The lane's place in its line (0 .. 7) and whether it carries the flag.
+__device__ __forceinline__ int LL128LaneInLine(int thread) {
+  return thread & (kLL128LanesPerLine - 1);
+}
+__device__ __forceinline__ bool IsLL128FlagLane(int thread) {
+  return LL128LaneInLine(thread) == kLL128FlagLane;
+}
+
+// The first of the lane's payload units in its line: 2j for lane j < 7 (and
+// 2j + 1 after it), 14 for the flag lane (its only unit).
+__device__ __forceinline__ int LL128FirstUnit(int thread) {
+  return 2 * LL128LaneInLine(thread);
+}
+
+// The low 32 bits of the flag word of epoch E; the high 32 bits are 0.
+__device__ __forceinline__ uint32_t LL128Flag(uint64_t epoch) { return FlagOf(epoch); }
+
+// Stores the lane's 16-byte part {a, b} at `dst` (its part of a line,
+// possibly in a peer's memory). The flag lane passes b = {flag, 0}.
+// All 8 lanes of the line must execute this same instruction (contract).
+__device__ __forceinline__ void StoreLL128Part(char* dst, uint2 a, uint2 b) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(a.x),
+               "r"(a.y), "r"(b.x), "r"(b.y)
+               : "memory");
+}
+
+// Loads the lane's 16-byte part of a line of its own scratch, bypassing L1.
+__device__ __forceinline__ uint4 LoadLL128Part(const char* src) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(src)
+               : "memory");
+  return v;
+}
+
+// The flag lane's check of its part: the flag word (its second 8 bytes).
+__device__ __forceinline__ bool LL128PartReady(uint4 v, uint32_t flag) {
+  return v.z == flag && v.w == 0u;
+}
+
+// The part's payload units: the first, and the second (lanes j < 7 only;
+// the flag lane's second 8 bytes are the flag word).
+__device__ __forceinline__ uint2 LL128Unit0(uint4 v) { return {v.x, v.y}; }
+__device__ __forceinline__ uint2 LL128Unit1(uint4 v) { return {v.z, v.w}; }
+
+// Zeroes the lane's part of a line of its own scratch (epoch.cuh re-zeroing).
+__device__ __forceinline__ void ClearLL128Part(char* dst) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %1, %1, %1};" ::"l"(dst), "r"(0u)
+               : "memory");
+}
+
+// Warp-collective bounded wait: every lane of the warp calls it, with
+// `src` its part of its line in this rank's scratch and `active` whether
+// its line is awaited (the same for the 8 lanes of a line; inactive lines
+// neither load nor wait). Returns the lane's part from the load in which
+// every active line of the warp carried `flag`. Bounded by pt->timeout_ns
+// (wait.cuh): the flag lane of a line that is still not ready reports
+// `site` (its line and peer) with the flag word it last saw, and traps.
+__device__ __forceinline__ uint4 WaitLL128Part(const PeerTable* pt, const char* src,
+                                               bool active, uint32_t flag,
+                                               const WaitSite& site) {
+  const bool flag_lane = IsLL128FlagLane(threadIdx.x);
+  uint4 v = {0u, 0u, 0u, 0u};
+  if (active) v = LoadLL128Part(src);
+  bool ready = !active || !flag_lane || LL128PartReady(v, flag);
+  if (!__any_sync(0xffffffffu, !ready)) return v;
+  WaitBound bound;
+  while (true) {
+    if (active) v = LoadLL128Part(src);
+    ready = !active || !flag_lane || LL128PartReady(v, flag);
+    if (!__any_sync(0xffffffffu, !ready)) return v;
+    if (!ready) bound.Tick(pt, site, flag, uint4{0u, v.z, 0u, v.w});
+  }
+}
+
+}  // namespace llar
+
+#endif  // LLAR_LL128_CUH_
