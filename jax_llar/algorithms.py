@@ -48,6 +48,22 @@ Algorithms:
     each run). 15/16 of the bytes on the wire are payload (the LL's 1/2).
     Payload per rank: up to 64 blocks x 64 lines x 120 bytes. Not in the
     tuning table yet; reachable with JAX_LLAR_ALGORITHM=one_shot_ll128.
+  NCCL_LLA2A_ONE_SHOT (5): the one-shot written on NCCL's LL all-to-all
+    device session (``ncclLLA2ASession``, NCCL 2.28 device API), the
+    reference the paper's one-shot builds on: each thread broadcasts its
+    8-byte line through the session into a slot of every rank's session
+    buffer, receives one slot per rank and reduces them in rank order
+    (``recvReduce`` with the one-shot's accumulation: bitwise the one-shot
+    LL's result); the one-shot LL's grid. The buffer is NCCL's (a device
+    communicator created with ``ncclLLA2ACreateRequirement``), not a scratch
+    region of jax_llar's. NCCL's receive polls without a time bound (NCCL
+    2.28; later versions only poll an abort flag); a watchdog warp per block
+    bounds it with the library's timeout, report and trap
+    (ffi/src/kernels/nccl_lla2a_one_shot.cuh). Needs distinct GPUs: the
+    one-GPU loopback harness refuses it. Payload per rank: up to 64 blocks x
+    512 lines x 8 bytes. Not in the shipped tuning table (``tune`` measures
+    it with the others); reachable with JAX_LLAR_ALGORITHM=nccl_lla2a_one_shot,
+    and measured by the kernel level as ``nccl.lla2a_one_shot``.
 """
 
 from __future__ import annotations
@@ -73,6 +89,7 @@ class Algorithm(enum.IntEnum):
   TWO_SHOT_LL = 2
   ONE_SHOT_SENTINEL = 3
   ONE_SHOT_LL128 = 4
+  NCCL_LLA2A_ONE_SHOT = 5
 
   @property
   def short_name(self) -> str:
@@ -110,12 +127,13 @@ MAX_RANKS = 16
 # (args.h: kOneShotMaxBytes = kMaxBlocks * kLinesPerBlock * kPayloadBytesPerLine;
 # kTwoShotMaxBytes; kOneShotSentinelMaxBytes = kMaxBlocks * kLinesPerBlock *
 # kLineBytes; kOneShotLL128MaxBytes = kMaxBlocks * kLL128LinesPerBlock *
-# kLL128PayloadBytes).
+# kLL128PayloadBytes; kNcclLLA2AOneShotMaxBytes = kOneShotMaxBytes).
 MAX_BYTES: dict[Algorithm, int] = {
     Algorithm.ONE_SHOT_LL: 64 * 512 * 8,
     Algorithm.TWO_SHOT_LL: 4 * 1024 * 1024,
     Algorithm.ONE_SHOT_SENTINEL: 64 * 512 * 16,
     Algorithm.ONE_SHOT_LL128: 64 * 64 * 120,
+    Algorithm.NCCL_LLA2A_ONE_SHOT: 64 * 512 * 8,
 }
 
 # The largest of MAX_BYTES: the cap of the JAX_LLAR_MAX_BYTES setting.
@@ -161,6 +179,8 @@ def region_bytes(algorithm: Algorithm, world: int) -> int:
   ranks (args.h: RegionBytes). A communicator set allocates an algorithm's
   region the first time a lowering picks the algorithm for it
   (``CommSet.ensure``); ``jax_llar.status()`` lists the regions held.
+  NCCL_LLA2A_ONE_SHOT's region is NCCL's LL all-to-all buffer, which its
+  device communicator holds instead.
 
   Example::
 
@@ -173,6 +193,10 @@ def region_bytes(algorithm: Algorithm, world: int) -> int:
     return two_shot_max_steps(world) * 2 * 2 * world * TWO_SHOT_STEP_LINES * 16
   if algorithm == Algorithm.ONE_SHOT_LL128:  # halves x blocks x ranks x lines x 128 B
     return 2 * 64 * world * 64 * 128
+  if algorithm == Algorithm.NCCL_LLA2A_ONE_SHOT:
+    # NCCL's session buffer (args.h: NcclLLA2ABufferBytes): 64 sessions of
+    # one epoch line and, per parity, world x 512 slots, 16 bytes each.
+    return 64 * (1 + 2 * world * 512) * 16
   raise ValueError(f"no region size for {algorithm!r}")
 
 

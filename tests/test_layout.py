@@ -176,8 +176,10 @@ def _evaluate(name: str, exprs: dict[str, str]) -> int:
 
 
 def _upper_snake(enumerator: str) -> str:
-  """kOneShotLL -> ONE_SHOT_LL."""
-  words = re.findall(r"[A-Z]+[0-9]*(?![a-z])|[A-Z][a-z0-9]*", enumerator[1:])
+  """kOneShotLL -> ONE_SHOT_LL; kNcclLLA2AOneShot -> NCCL_LLA2A_ONE_SHOT (an
+  acronym may hold digits followed by capitals)."""
+  words = re.findall(r"[A-Z]+[0-9]+[A-Z]+(?![a-z])|[A-Z]+[0-9]*(?![a-z])|[A-Z][a-z0-9]*",
+                     enumerator[1:])
   return "_".join(w.upper() for w in words)
 
 
@@ -236,6 +238,8 @@ def test_max_ranks_equals_cpp():
 def test_cpp_parsing_helpers():
   assert _upper_snake("kOneShotLL") == "ONE_SHOT_LL"
   assert _upper_snake("kTwoShotLL128Atomic") == "TWO_SHOT_LL128_ATOMIC"
+  assert _upper_snake("kNcclLLA2AOneShot") == "NCCL_LLA2A_ONE_SHOT"
+  assert _upper_snake("kOneShotLL128") == "ONE_SHOT_LL128"
   exprs = {"kA": "64", "kB": "std::size_t(kA) * 512u * static_cast<int>(8)",
            "kC": "(kB + 2) / 2"}
   assert _evaluate("kB", exprs) == 64 * 512 * 8

@@ -18,6 +18,7 @@
 
 #include "errors.h"
 #include "kernels/kernels.h"
+#include "llar/nccl_lla2a.h"
 #include "lsa_pointers.h"
 
 namespace llar {
@@ -30,6 +31,11 @@ struct Region {
   ncclWindow_t window = nullptr;
   PeerTable* peers = nullptr;    // device copy of the region's peer table
   AllReduceArgs args{};          // what DeviceContext::args points at
+  // An algorithm on NCCL's LL all-to-all session (AlgorithmEntry::lla2a_slots)
+  // has no scratch or window; instead: its device communicator and session
+  // handle (filled in by ncclDevCommCreate) and their device copy.
+  NcclLLA2AComm lla2a{};
+  NcclLLA2AComm* lla2a_device = nullptr;
 };
 
 // Resources of one device of one communicator set. Never freed: a
@@ -179,16 +185,78 @@ struct SetupStream {
   SetupStream& operator=(const SetupStream&) = delete;
 };
 
+// The scratch part of an LL all-to-all algorithm's region
+// (AlgorithmEntry::lla2a_slots) on the devices devs[first .. first + n): per
+// rank a device communicator of its own whose only resource is the sessions'
+// buffer, ncclLLA2ACreateRequirement(kMaxBlocks, slots) (collective over the
+// group: grouped, as in CreateGroup; NCCL fills the handle's buffer offset at
+// ncclGroupEnd), and its NcclLLA2AComm copied to device memory. The same
+// constraints as CreateRegion (streams of its own: ncclDevCommCreate
+// synchronises only a stream it creates).
+void CreateLLA2AComms(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
+                      int64_t algorithm, std::vector<std::unique_ptr<Region>>& regions) {
+  const AlgorithmEntry& entry = kAlgorithms[algorithm];
+  const int slots = entry.lla2a_slots(n);
+  const uint64_t bytes = RegionBytes(static_cast<Algorithm>(algorithm), n);
+  std::vector<ncclDevResourceRequirements> buffers(n);
+  std::vector<ncclDevCommRequirements> reqs(n);
+  for (int i = 0; i < n; ++i) {
+    CheckNccl(ncclLLA2ACreateRequirement(kMaxBlocks, slots, &regions[i]->lla2a.handle,
+                                         &buffers[i]),
+              "ncclLLA2ACreateRequirement");
+    if (buffers[i].bufferSize != bytes) {
+      Fail(std::string("jax_llar: NCCL's LL all-to-all buffer for ") + entry.name + " is " +
+           std::to_string(buffers[i].bufferSize) + " bytes per rank, not the " +
+           std::to_string(bytes) + " that args.h (NcclLLA2ABufferBytes) expects of NCCL " +
+           std::to_string(NCCL_VERSION_CODE));
+    }
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 30, 0)
+    reqs[i] = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+#else
+    std::memset(&reqs[i], 0, sizeof(reqs[i]));  // 2.28/2.29 have no initializer macro
+#endif
+    reqs[i].resourceRequirementsList = &buffers[i];
+    reqs[i].lsaMultimem = false;  // never NVLink multicast
+  }
+  GroupedCalls("ncclDevCommCreate (LL all-to-all)", [&] {
+    for (int i = 0; i < n; ++i) {
+      CheckNccl(ncclDevCommCreate(all[first + i]->comm, &reqs[i], &regions[i]->lla2a.comm),
+                "ncclDevCommCreate (LL all-to-all)");
+    }
+  });
+  for (int i = 0; i < n; ++i) {
+    Region& r = *regions[i];
+    if (r.lla2a.comm.rank != i || r.lla2a.comm.lsaSize != n || r.lla2a.comm.lsaRank != i ||
+        r.lla2a.handle.nSlots != static_cast<uint32_t>(slots)) {
+      std::ostringstream m;
+      m << "jax_llar: the LL all-to-all device communicator of rank " << i << " of " << n
+        << " has rank " << r.lla2a.comm.rank << ", lsaRank " << r.lla2a.comm.lsaRank
+        << ", lsaSize " << r.lla2a.comm.lsaSize << " and " << r.lla2a.handle.nSlots
+        << " slots (expected " << slots << ")";
+      Fail(m.str());
+    }
+    CheckCuda(cudaSetDevice(all[first + i]->context.ordinal), "cudaSetDevice");
+    SetupStream setup;
+    CheckCuda(cudaMalloc(&r.lla2a_device, sizeof(NcclLLA2AComm)), "cudaMalloc(LL all-to-all)");
+    CheckCuda(cudaMemcpyAsync(r.lla2a_device, &r.lla2a, sizeof(NcclLLA2AComm),
+                              cudaMemcpyHostToDevice, setup.stream),
+              "cudaMemcpyAsync(LL all-to-all)");
+    CheckCuda(cudaStreamSynchronize(setup.stream), "cudaStreamSynchronize");
+  }
+}
+
 // Allocates, registers and publishes `algorithm`'s region on the devices
 // devs[first .. first + n) of one group (EnsureRegion). The caller holds
 // g_mutex and a DeviceGuard. Programs of the set may be running: every CUDA
 // call here is on a stream of its own (or synchronous only with the host),
 // never a device-wide synchronisation, and the kernels were loaded when the
-// set was created.
+// set was created. An LL all-to-all algorithm's region holds NCCL's buffer
+// (CreateLLA2AComms) instead of a symmetric window of ours.
 void CreateRegion(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
                   int64_t algorithm) {
   const AlgorithmEntry& entry = kAlgorithms[algorithm];
   const uint64_t bytes = RegionBytes(static_cast<Algorithm>(algorithm), n);
+  const bool lla2a = entry.lla2a_slots != nullptr;  // NCCL's buffer, no scratch of ours
   std::vector<std::unique_ptr<Region>> regions;
   for (int i = 0; i < n; ++i) {
     DeviceResources& d = *all[first + i];
@@ -196,30 +264,40 @@ void CreateRegion(std::vector<std::unique_ptr<DeviceResources>>& all, size_t fir
     r->bytes = bytes;
     CheckCuda(cudaSetDevice(d.context.ordinal), "cudaSetDevice");
     SetupStream setup;
-    CheckNccl(ncclMemAlloc(&r->scratch, bytes), "ncclMemAlloc");
-    CheckCuda(cudaMemsetAsync(r->scratch, entry.fill, bytes, setup.stream),
-              "cudaMemsetAsync(scratch)");
+    if (!lla2a) {
+      CheckNccl(ncclMemAlloc(&r->scratch, bytes), "ncclMemAlloc");
+      CheckCuda(cudaMemsetAsync(r->scratch, entry.fill, bytes, setup.stream),
+                "cudaMemsetAsync(scratch)");
+    }
     CheckCuda(cudaMalloc(&r->peers, sizeof(PeerTable)), "cudaMalloc(peer table)");
     CheckCuda(cudaStreamSynchronize(setup.stream), "cudaStreamSynchronize");
     regions.push_back(std::move(r));
   }
-  // Window registration is collective over the group: grouped, as above.
-  GroupedCalls("ncclCommWindowRegister", [&] {
-    for (int i = 0; i < n; ++i) {
-      CheckNccl(ncclCommWindowRegister(all[first + i]->comm, regions[i]->scratch, bytes,
-                                       &regions[i]->window, NCCL_WIN_COLL_SYMMETRIC),
-                "ncclCommWindowRegister");
-    }
-  });
+  if (lla2a) {
+    CreateLLA2AComms(all, first, n, algorithm, regions);
+  } else {
+    // Window registration is collective over the group: grouped, as above.
+    GroupedCalls("ncclCommWindowRegister", [&] {
+      for (int i = 0; i < n; ++i) {
+        CheckNccl(ncclCommWindowRegister(all[first + i]->comm, regions[i]->scratch, bytes,
+                                         &regions[i]->window, NCCL_WIN_COLL_SYMMETRIC),
+                  "ncclCommWindowRegister");
+      }
+    });
+  }
   for (int i = 0; i < n; ++i) {
     DeviceResources& d = *all[first + i];
     Region& r = *regions[i];
     CheckCuda(cudaSetDevice(d.context.ordinal), "cudaSetDevice");
     SetupStream setup;
-    void* peers[kMaxRanks] = {};
-    CheckCuda(ReadLsaPointers(r.window, n, peers, setup.stream), "reading LSA peer pointers");
     PeerTable table{};
-    for (int p = 0; p < n; ++p) table.scratch[p] = static_cast<char*>(peers[p]);
+    if (lla2a) {
+      table.nccl_lla2a = r.lla2a_device;
+    } else {
+      void* peers[kMaxRanks] = {};
+      CheckCuda(ReadLsaPointers(r.window, n, peers, setup.stream), "reading LSA peer pointers");
+      for (int p = 0; p < n; ++p) table.scratch[p] = static_cast<char*>(peers[p]);
+    }
     table.error_claim = reinterpret_cast<int32_t*>(d.state + kClaimWord);
     CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table.error), d.error, 0),
               "cudaHostGetDevicePointer");

@@ -57,6 +57,12 @@ bool OneShotOptionsApply(const LoopbackSpec& s) {
 const AlgorithmEntry& Validate(const LoopbackSpec& s, int n_sets) {
   const AlgorithmEntry* entry = FindAlgorithm(s.algorithm);
   if (entry == nullptr) BadArgument("unknown algorithm id " + std::to_string(s.algorithm));
+  if (entry->lla2a_slots != nullptr) {
+    BadArgument(std::string(entry->name) +
+                " runs on NCCL's LL all-to-all session, which needs a device communicator "
+                "(ncclDevCommCreate) over distinct GPUs; the loopback harness makes no NCCL "
+                "call. Run it on two GPUs instead (tests/gpu/test_lla2a.py, the kernel level)");
+  }
   if (!OneShotOptionsApply(s) && (s.generic || s.block_lines != 0)) {
     BadArgument("generic and block_lines apply to the one-shot LL and sentinel algorithms only");
   }

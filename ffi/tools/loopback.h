@@ -14,7 +14,9 @@
 // for the generic kernel or another grid rule) once per rank, rank 0 first,
 // each rank on a non-blocking stream of its own, so that all ranks' kernels
 // run at once.
-// No NCCL call is made.
+// No NCCL call is made, so an algorithm on NCCL's LL all-to-all session
+// (AlgorithmEntry::lla2a_slots: nccl_lla2a_one_shot) is refused with the
+// reason (std::invalid_argument).
 //
 // What it tests: the protocol logic (LL lines and flags, per-warp epochs,
 // scratch parity over consecutive calls, the re-zeroing window, the

@@ -52,10 +52,15 @@ class KernelImpl:
 
 
 KERNEL_IMPLS = {
-    # Every algorithm of the extension, through its production launcher.
-    **{a.impl: KernelImpl(a.short_name) for a in Algorithm},
+    # Every algorithm of the extension, through its production launcher
+    # (the one on NCCL's LL all-to-all session under its NCCL name, below).
+    **{a.impl: KernelImpl(a.short_name) for a in Algorithm
+       if a is not Algorithm.NCCL_LLA2A_ONE_SHOT},
     "kernel.copy": KernelImpl("copy", expect=OWN_INPUT),
     "nccl.allreduce": KernelImpl("nccl", expect=NCCL),
+    # The one-shot on NCCL's LL all-to-all device session (ncclLLA2ASession),
+    # the reference the paper builds on; bitwise the rank-order sum.
+    "nccl.lla2a_one_shot": KernelImpl(Algorithm.NCCL_LLA2A_ONE_SHOT.short_name),
     # Not an all-reduce: one_shot_ll with every peer store looped back into
     # the rank's own scratch (no network).
     "diag.one_shot_ll_loopback": KernelImpl("one_shot_ll", "loopback", expect=LOOPBACK),

@@ -57,8 +57,17 @@ DTYPES.update({"f32": DTYPES["float32"], "bf16": DTYPES["bfloat16"],
 MAX_RANKS = algorithms.MAX_RANKS
 MAX_BYTES = algorithms.MAX_BYTES[algorithms.Algorithm.ONE_SHOT_LL]  # per rank
 IMPL = "loopback.one_shot_ll"
+# The algorithms the harness cannot simulate, with the reason (the native
+# harness refuses them too: kernels.h, AlgorithmEntry::lla2a_slots).
+NOT_SIMULATED = {
+    algorithms.Algorithm.NCCL_LLA2A_ONE_SHOT.short_name: (
+        "it runs on NCCL's LL all-to-all session, which needs a device communicator "
+        "over distinct GPUs, and the harness makes no NCCL call; run it on two GPUs "
+        "(tests/gpu/test_lla2a.py, the kernel level)"),
+}
 # The algorithms the harness runs (kAlgorithms through the production launcher).
-ALGORITHMS = tuple(a.short_name for a in algorithms.Algorithm)
+ALGORITHMS = tuple(a.short_name for a in algorithms.Algorithm
+                   if a.short_name not in NOT_SIMULATED)
 # The algorithms whose launchers take the generic and block_lines options.
 ONE_SHOT_OPTIONS = ("one_shot_ll", "one_shot_sentinel")
 
@@ -168,7 +177,11 @@ def validate(s: Settings) -> list[str]:
     errors.append(f"world sizes must be 2-{MAX_RANKS}: {list(s.worlds)}")
   if not s.dtypes or any(d not in DTYPES for d in s.dtypes):
     errors.append(f"dtypes must be among {', '.join(sorted(DTYPES))}: {list(s.dtypes)}")
-  if s.algorithm not in ALGORITHMS:
+  if s.algorithm in NOT_SIMULATED:
+    errors.append(f"the loopback harness cannot run {s.algorithm}: "
+                  f"{NOT_SIMULATED[s.algorithm]}")
+    limit = max_bytes(s.algorithm)
+  elif s.algorithm not in ALGORITHMS:
     errors.append(f"algorithm must be one of {', '.join(ALGORITHMS)}: {s.algorithm!r}")
     limit = MAX_BYTES
   else:

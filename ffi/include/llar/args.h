@@ -66,7 +66,8 @@ enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
 // rank p; offsets below are from that base) and its counters through
 // AllReduceArgs::epochs.
 enum class Algorithm : int32_t {
-  kOneShotLL = 1, kTwoShotLL = 2, kOneShotSentinel = 3, kOneShotLL128 = 4 };
+  kOneShotLL = 1, kTwoShotLL = 2, kOneShotSentinel = 3, kOneShotLL128 = 4,
+  kNcclLLA2AOneShot = 5 };
 
 // Ids an algorithm may take: 1 .. kMaxAlgorithms - 1. Sizes the per-device
 // state words (one counter set per id), not the launcher table.
@@ -171,6 +172,24 @@ LLAR_HOST_DEVICE constexpr uint32_t OneShotLL128Offset(int half, int block, int 
               kLL128LinesPerBlock + uint32_t(line)) * kLL128LineBytes;
 }
 
+// NCCL LL all-to-all one-shot (llar/nccl_lla2a.h,
+// kernels/nccl_lla2a_one_shot.cuh). Its exchange lives in NCCL's buffer, not
+// in a symmetric region of ours: kMaxBlocks sessions (one per thread block),
+// each a line for its epoch and, per epoch parity, world x kLinesPerBlock
+// 16-byte slots of one 8-byte element (ncclLLA2ACalcSlots(world *
+// kLinesPerBlock, 8)). Largest payload per rank: the one-shot LL's grid,
+// kMaxBlocks x kLinesPerBlock lines of 8 bytes (256 KiB).
+inline constexpr std::size_t kNcclLLA2AOneShotMaxBytes = kOneShotMaxBytes;
+
+// Bytes of that buffer per rank for `world` ranks: what
+// ncclLLA2ACreateRequirement(kMaxBlocks, slots) asks NCCL's device
+// communicator for, kMaxBlocks x (1 + 2 x slots) x 16 B (registry.cc checks
+// that NCCL asks for exactly this). It is the algorithm's RegionBytes, so that
+// jax_llar.status() counts the memory it holds.
+constexpr std::size_t NcclLLA2ABufferBytes(int world) {
+  return std::size_t(kMaxBlocks) * (1 + 2 * std::size_t(world) * kLinesPerBlock) * kLineBytes;
+}
+
 // Bytes of `algorithm`'s scratch region per rank for a group of `world`
 // ranks; 0 for an id that is no algorithm. What a communicator allocates per
 // algorithm it serves (registry.cc) and the loopback harness gives each
@@ -181,6 +200,7 @@ constexpr std::size_t RegionBytes(Algorithm algorithm, int world) {
     case Algorithm::kTwoShotLL: return TwoShotScratchBytes(world);
     case Algorithm::kOneShotSentinel: return OneShotScratchBytes(world);  // the same slots
     case Algorithm::kOneShotLL128: return OneShotLL128RegionBytes(world);
+    case Algorithm::kNcclLLA2AOneShot: return NcclLLA2ABufferBytes(world);  // NCCL's
   }
   return 0;
 }
@@ -238,6 +258,9 @@ struct PeerTable {
   uint64_t timeout_ns;             // bound on every wait
   uint64_t* trace;                 // the call trace's buffer (ffi/tools): null unless
                                    // a tool enabled it; the all-reduce never reads it
+  const void* nccl_lla2a;          // nccl_lla2a_one_shot's region only: its
+                                   // NcclLLA2AComm (llar/nccl_lla2a.h) in device
+                                   // memory; null in every other table
 };
 
 // Kernel parameters, passed by value (48 bytes). What the first instructions

@@ -187,6 +187,20 @@ LLAR_API KernelGrid OneShotLL128Grid(uint32_t n_bytes, int world);
 LLAR_API cudaError_t OneShotLL128Occupancy(DType dtype, int world, uint32_t threads,
                                            int* regs_per_thread, int* blocks_per_sm);
 
+// nccl_lla2a_one_shot.cu: the one-shot all-reduce on NCCL's LL all-to-all
+// session (nccl_lla2a_one_shot.cuh), payloads up to kNcclLLA2AOneShotMaxBytes
+// per rank, every dtype. Grid: OneShotGridFor over 8-byte lines, plus one
+// watchdog warp per block (threads = the rule's + kWarpSize).
+// NcclLLA2AOneShotSlots(world): the session's slots per block and parity,
+// ncclLLA2ACalcSlots(world * kLinesPerBlock, kPayloadBytesPerLine).
+LLAR_API cudaError_t LaunchNcclLLA2AOneShot(AllReduceArgs args, DType dtype,
+                                            cudaStream_t stream);
+LLAR_API cudaError_t PreloadNcclLLA2AOneShot();
+LLAR_API KernelGrid NcclLLA2AOneShotGrid(uint32_t n_bytes, int world);
+LLAR_API cudaError_t NcclLLA2AOneShotOccupancy(DType dtype, int world, uint32_t threads,
+                                               int* regs_per_thread, int* blocks_per_sm);
+LLAR_API int NcclLLA2AOneShotSlots(int world);
+
 // The algorithms, indexed by the FFI attribute `algorithm` (Algorithm in
 // args.h); entry 0 is no algorithm. Per entry:
 //   name       the key of the Python module's ALGORITHMS and MAX_BYTES;
@@ -199,7 +213,17 @@ LLAR_API cudaError_t OneShotLL128Occupancy(DType dtype, int world, uint32_t thre
 //              world, threads); world 0: the run-time world-size kernel;
 //   fill       the byte its scratch region holds when allocated (the
 //              protocol's idle state; the LL protocols' is 0, see ll.cuh; the
-//              sentinel's kSentinelFill, see sentinel.cuh).
+//              sentinel's kSentinelFill, see sentinel.cuh);
+//   lla2a_slots  null, except for an algorithm on NCCL's LL all-to-all
+//              session (nccl_lla2a_one_shot): the session's slots per block
+//              and epoch parity for `world` ranks. Its region is then no
+//              symmetric scratch of ours: the registry creates a device
+//              communicator with ncclLLA2ACreateRequirement(kMaxBlocks,
+//              slots) and points the region's PeerTable::nccl_lla2a at it
+//              (llar/nccl_lla2a.h); such an algorithm advances none of its
+//              epoch counters (the session keeps its epochs in NCCL's buffer),
+//              so the KernelGrid contract above does not apply to it, and the
+//              loopback harness, which makes no NCCL call, refuses it.
 // The region's size is RegionBytes(algorithm, world) (args.h).
 struct AlgorithmEntry {
   const char* name;
@@ -210,6 +234,7 @@ struct AlgorithmEntry {
   cudaError_t (*occupancy)(DType dtype, int world, uint32_t threads, int* regs_per_thread,
                            int* blocks_per_sm);
   uint8_t fill;
+  int (*lla2a_slots)(int world) = nullptr;
 };
 inline constexpr AlgorithmEntry kAlgorithms[] = {
     {nullptr, nullptr, 0, nullptr, nullptr, nullptr, 0},
@@ -222,6 +247,9 @@ inline constexpr AlgorithmEntry kAlgorithms[] = {
      kSentinelFill},  // Algorithm::kOneShotSentinel
     {"one_shot_ll128", &LaunchOneShotLL128, kOneShotLL128MaxBytes, &PreloadOneShotLL128,
      &OneShotLL128Grid, &OneShotLL128Occupancy, 0},  // Algorithm::kOneShotLL128
+    {"nccl_lla2a_one_shot", &LaunchNcclLLA2AOneShot, kNcclLLA2AOneShotMaxBytes,
+     &PreloadNcclLLA2AOneShot, &NcclLLA2AOneShotGrid, &NcclLLA2AOneShotOccupancy, 0,
+     &NcclLLA2AOneShotSlots},  // Algorithm::kNcclLLA2AOneShot
 };
 inline constexpr int64_t kAlgorithmCount =
     static_cast<int64_t>(sizeof(kAlgorithms) / sizeof(kAlgorithms[0]));
@@ -229,6 +257,7 @@ static_assert(static_cast<int64_t>(Algorithm::kOneShotLL) == 1, "kAlgorithms ord
 static_assert(static_cast<int64_t>(Algorithm::kTwoShotLL) == 2, "kAlgorithms order");
 static_assert(static_cast<int64_t>(Algorithm::kOneShotSentinel) == 3, "kAlgorithms order");
 static_assert(static_cast<int64_t>(Algorithm::kOneShotLL128) == 4, "kAlgorithms order");
+static_assert(static_cast<int64_t>(Algorithm::kNcclLLA2AOneShot) == 5, "kAlgorithms order");
 static_assert(kAlgorithmCount <= kMaxAlgorithms, "args.h: kMaxAlgorithms counter sets");
 
 // The table entry of `algorithm`, or nullptr outside the table.
