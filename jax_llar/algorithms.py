@@ -26,12 +26,13 @@ Algorithms:
     store carries 16 payload bytes and no flag, into a slot of every rank's
     scratch that holds a sentinel (all ones) until the line lands; the reader
     polls until neither 8-byte word is the sentinel, reduces in rank order
-    (bitwise the one-shot LL's result), and re-arms the slots itself; double
-    buffered by epoch parity, no barrier (arXiv 2607.16100, section 4;
-    ffi/include/llar/sentinel.cuh, ffi/src/kernels/one_shot_sentinel.cuh). A
-    payload word equal to the sentinel (all-ones NaNs) is sent with the quiet
-    bit of its lowest element cleared, which the tests show changes no output
-    bit. Half the bytes of the LL on the wire; float32, bfloat16 and float16
+    (the one-shot LL's additions: its result bit for bit, but that every NaN
+    result is the canonical NaN, float32 0x7fffffff, 16-bit 0x7fff), and
+    re-arms the slots itself; double buffered by epoch parity, no barrier
+    (arXiv 2607.16100, section 4; ffi/include/llar/sentinel.cuh,
+    ffi/src/kernels/one_shot_sentinel.cuh). A payload word equal to the
+    sentinel (all-ones NaNs) is sent with the quiet bit of its lowest element
+    cleared. Half the bytes of the LL on the wire; float32, bfloat16 and float16
     only (`dtype_refusal`: an int32 word of all ones, -1 twice, cannot be
     changed without changing the sum). Payload per rank: up to 64 blocks x
     512 lines x 16 bytes. Not in the tuning table yet; reachable with

@@ -213,7 +213,8 @@ def test_harness_settings_for_the_sentinel():
                   generic=True, block_lines=32, nan_patterns=True,
                   bitwise_against="one_shot_ll")
   assert lh.validate(s) == []
-  bad = {"misalign": 16, "nan_patterns": True, "bitwise_against": "one_shot_sentinel"}
+  bad = {"misalign": 16, "nan_patterns": True, "bitwise_against": "one_shot_sentinel",
+         "bitwise_nan": "payload"}
   for k, v in bad.items():
     change = {k: v} | ({"sets": 2} if k == "nan_patterns" else {})
     assert len(lh.validate(dataclasses.replace(s, **change))) == 1, k
@@ -247,13 +248,32 @@ def test_bitwise_difference_sees_nan_bits_that_the_reference_check_allows():
   d = lh.bitwise_difference(out, other, 4, inputs=np.zeros((3, 3, 8), np.float16))
   assert (d["call"], d["rank"], d["index"], d["elements"]) == (4, 1, 2, 1)
   assert len(d["inputs"]) == 3
+  assert lh.bitwise_difference(out, other, 4, nan="position") is None
+  assert lh.nan_payload_differences(out, other) == 1
+  other[1, 0, 0] = -0.0 if out[1, 0, 0] != -0.0 else 0.0  # a signed zero is a difference
+  d = lh.bitwise_difference(out, other, 0, nan="position")
+  assert (d["call"], d["rank"], d["index"], d["elements"]) == (1, 0, 0, 1)
   assert lh.nan_bits(out) == ["0x7e00"]
   assert lh.nan_bits(np.ones(4, np.int32)) == []
 
 
+def test_non_canonical_nans_counts_every_other_nan():
+  for dtype in FLOATS:
+    u = UINT[dtype.itemsize]
+    canonical = lh.CANONICAL_NAN[dtype]
+    bits = np.array([canonical, canonical ^ 1, canonical | (1 << (8 * dtype.itemsize - 1)),
+                     0, int(np.array([1.0], dtype).view(u)[0])], u)
+    assert lh.non_canonical_nans(bits.view(dtype)) == 2, dtype
+  assert lh.non_canonical_nans(np.array([-1, 7], np.int32)) == 0
+  # The header's constants.
+  text = (ROOT / "ffi/include/llar/sentinel.cuh").read_text()
+  assert "kCanonicalNaN32 = 0x7FFFFFFFu" in text and "kCanonicalNaN16 = 0x7FFFu" in text
+  assert lh.CANONICAL_NAN == {F32: 0x7FFFFFFF, BF16: 0x7FFF, F16: 0x7FFF}
+
+
 class OneNanBitOff(FakeNative):
   """FakeNative whose outputs of one algorithm carry another NaN at one
-  place where the reference has a NaN."""
+  element (every rank alike) where the reference has a NaN."""
 
   def __init__(self, algorithm):
     super().__init__()
@@ -266,8 +286,8 @@ class OneNanBitOff(FakeNative):
       np_dtype = lh.DTYPES[{v: k for k, v in FakeNative.DTYPE_CODES.items()}[dtype]]
       vals = out.view(np_dtype)
       where = np.argwhere(np.isnan(vals.astype(np.float64)))
-      k, rank, i = where[0]
-      vals.view(UINT[np_dtype.itemsize])[k, rank, i] ^= 1
+      k, _, i = where[0]
+      vals.view(UINT[np_dtype.itemsize])[k, :, i] ^= 1  # at every rank alike
       r["outputs"] = out
     return r
 
@@ -300,8 +320,22 @@ def test_run_with_bitwise_comparison_fails_on_one_nan_bit(fake_run, capsys):
   rows = fake_run(OneNanBitOff(int(SENTINEL)), SENT)["rows"]
   assert lh.summary(rows) == {"fail": 2}
   assert all("first_mismatch" not in r for r in rows)  # NaN by position agrees
-  assert all(r["bitwise_difference"]["elements"] == 1 for r in rows)
+  assert all(r["bitwise_difference"]["elements"] == r["world_size"] for r in rows)
+  assert all(r["nan_payload_differences"] == r["world_size"] for r in rows)
   assert "differs from one_shot_ll" in capsys.readouterr().out
+  # By position, the NaN bits are only counted.
+  rows = fake_run(OneNanBitOff(int(SENTINEL)),
+                  dataclasses.replace(SENT, bitwise_nan="position"))["rows"]
+  assert lh.summary(rows) == {"pass": 2}
+  assert all(r["nan_payload_differences"] == r["world_size"] and r["bitwise_equal"]
+             for r in rows)
+
+
+def test_run_with_canonical_nan_fails_on_other_nans(fake_run):
+  # numpy's NaN (float16 0x7e00) is not the canonical NaN 0x7fff.
+  rows = fake_run(FakeNative(), dataclasses.replace(SENT, canonical_nan=True))["rows"]
+  assert lh.summary(rows) == {"fail": 2}
+  assert all(r["non_canonical_nans"] > 0 for r in rows)
 
 
 # --- the fault verdict for the sentinel's report --------------------------------------

@@ -3,9 +3,11 @@
   python -m jax_llar.tools.loopback [--worlds 2,3,4,5,8,16] [--dtypes float32,bfloat16]
       [--sizes 4,100,4096] [--calls 50] [--generic] [--no_sync] [--json out.json]
       [--algorithm two_shot_ll]   (the two-shot, sizes up to 4 MiB per rank)
-      [--algorithm one_shot_sentinel --nan_patterns --bitwise_against one_shot_ll]
+      [--algorithm one_shot_sentinel --nan_patterns --canonical_nan
+       --bitwise_against one_shot_ll --bitwise_nan position]
           (the sentinel one-shot, float dtypes, up to 512 KiB per rank; its
-          outputs equal to the one-shot LL's bit for bit, NaN bits included)
+          outputs equal to the one-shot LL's bit for bit but for NaN bits,
+          every NaN the canonical one)
   python -m jax_llar.tools.loopback --skip_rank R --skip_call C [...]   (fault mode)
   python -m jax_llar.tools.loopback --op add_rms_norm [--shapes 1x4096,8x2048] [...]
       (the fused all-reduce + residual add + RMSNorm: jax_llar.tools.loopback_fused)
@@ -86,8 +88,15 @@ NAN_PATTERNS = flags.DEFINE_bool("nan_patterns", False,
                                  "8-byte words beside their neighbours.")
 BITWISE_AGAINST = flags.DEFINE_enum("bitwise_against", None, list(lh.ALGORITHMS),
                                     "Also run this algorithm on every case's inputs; both "
-                                    "outputs must be equal byte for byte, NaN bits "
-                                    "included.")
+                                    "outputs must be equal byte for byte (NaN bits as "
+                                    "--bitwise_nan says).")
+BITWISE_NAN = flags.DEFINE_enum("bitwise_nan", "exact", ["exact", "position"],
+                                "--bitwise_against: exact: NaN bits compared too; "
+                                "position: where both outputs are NaN only counted "
+                                "(nan_payload_differences).")
+CANONICAL_NAN = flags.DEFINE_bool("canonical_nan", False,
+                                  "Every NaN output must be the canonical NaN (float32 "
+                                  "0x7fffffff, bfloat16 and float16 0x7fff).")
 CALLS = flags.DEFINE_integer("calls", 50, "Consecutive all-reduce calls per case.",
                              lower_bound=1)
 SETS = flags.DEFINE_integer("sets", 4, "Input sets; call c uses set c % sets.",
@@ -170,7 +179,8 @@ def settings_from_flags() -> lh.Settings:
       start_epochs=_ints(START_EPOCHS.value, "start_epochs"), misalign=MISALIGN.value,
       keep=KEEP.value, max_output_bytes=MAX_OUTPUT_MIB.value << 20, seed=SEED.value,
       device=DEVICE.value, algorithm=ALGORITHM.value, nan_patterns=NAN_PATTERNS.value,
-      bitwise_against=BITWISE_AGAINST.value)
+      bitwise_against=BITWISE_AGAINST.value, bitwise_nan=BITWISE_NAN.value,
+      canonical_nan=CANONICAL_NAN.value)
 
 
 def save(result: dict, json_path: str | None, out_dir: str, tag: str) -> str:

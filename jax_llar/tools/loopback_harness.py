@@ -22,7 +22,9 @@ sample of float32 NaNs, in every position of a 16-byte line, and 8-byte
 words of all ones (the sentinel of one_shot_sentinel) beside their
 neighbours. With ``bitwise_against`` every case also runs a second
 algorithm on the same inputs and the two outputs must be equal byte for
-byte, NaN bits included (`bitwise_difference`).
+byte (`bitwise_difference`; with ``bitwise_nan="position"`` the bits of
+elements that are NaN in both are only counted), and with ``canonical_nan``
+every NaN output must be the canonical NaN (`non_canonical_nans`).
 
 Fault mode (`run_fault_case`): rank R's kernel is never launched on one
 call; the others must end in the bounded wait's error, with the report that
@@ -131,6 +133,10 @@ class Settings:
     bitwise_against: None, or the short name of a second algorithm that runs
       every case on the same inputs; both outputs must be equal byte for
       byte (cases outside its limits or dtypes are skipped).
+    bitwise_nan: with bitwise_against, "exact" (NaN bits compared too) or
+      "position" (where both are NaN the bits are not compared, only
+      counted: nan_payload_differences).
+    canonical_nan: every NaN output must be the canonical NaN (CANONICAL_NAN).
   """
   worlds: tuple[int, ...] = DEFAULT_WORLDS
   dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16", "int32")
@@ -151,6 +157,8 @@ class Settings:
   algorithm: str = "one_shot_ll"
   nan_patterns: bool = False
   bitwise_against: str | None = None
+  bitwise_nan: str = "exact"
+  canonical_nan: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +200,8 @@ def validate(s: Settings) -> list[str]:
                                         or s.bitwise_against == s.algorithm):
     errors.append(f"bitwise_against must be another of {', '.join(ALGORITHMS)}: "
                   f"{s.bitwise_against!r}")
+  if s.bitwise_nan not in ("exact", "position"):
+    errors.append(f"bitwise_nan must be exact or position: {s.bitwise_nan!r}")
   if s.nan_patterns and s.sets < 3:
     errors.append("nan_patterns needs at least 3 input sets (set 2 carries them)")
   if not s.sizes or any(not 1 <= n <= limit for n in s.sizes):
@@ -338,6 +348,11 @@ QUIET_BIT = {np.dtype(np.float32): 1 << 22, np.dtype(ml_dtypes.bfloat16): 1 << 6
 # Exponent fields: all ones in a NaN or inf.
 _EXPONENT = {np.dtype(np.float32): 0x7F800000, np.dtype(ml_dtypes.bfloat16): 0x7F80,
              np.dtype(np.float16): 0x7C00}
+# The canonical NaN of each float dtype (ffi/include/llar/sentinel.cuh:
+# kCanonicalNaN32, kCanonicalNaN16): what the float addition of two ranks
+# returns for any NaN, as bits.
+CANONICAL_NAN = {np.dtype(np.float32): 0x7FFFFFFF, np.dtype(ml_dtypes.bfloat16): 0x7FFF,
+                 np.dtype(np.float16): 0x7FFF}
 # float32 NaNs always in the sample: all ones (the sentinel's half), the
 # canonical ones, signalling ones, the sentinel's replacement (quiet bit of
 # all ones cleared) and neighbours of each.
@@ -530,15 +545,24 @@ def first_mismatch(outputs: np.ndarray, refs: np.ndarray, first_call: int,
   return found
 
 
+def _nan(x: np.ndarray) -> np.ndarray:
+  if x.dtype not in QUIET_BIT:
+    return np.zeros(x.shape, bool)
+  with np.errstate(invalid="ignore"):
+    return np.isnan(x.astype(np.float32))
+
+
 def bitwise_difference(outputs: np.ndarray, other: np.ndarray, first_call: int,
-                       inputs: np.ndarray | None = None) -> dict | None:
-  """Where two algorithms' outputs of the same calls differ in any bit (NaN
-  bits included), or None when they are equal byte for byte.
+                       inputs: np.ndarray | None = None, nan: str = "exact") -> dict | None:
+  """Where two algorithms' outputs of the same calls differ in any bit, or
+  None when they are equal byte for byte (nan="exact"), or equal except for
+  the bits of elements that are NaN in both (nan="position").
 
   Args:
     outputs, other: (kept, world, n) outputs of the same calls, same dtype.
     first_call: the call of outputs[0].
     inputs: (sets, world, n), to quote the inputs of the first difference.
+    nan: "exact" or "position".
 
   Returns:
     None, or ``{"call", "rank", "index", "got", "other" (each {"bits",
@@ -549,6 +573,8 @@ def bitwise_difference(outputs: np.ndarray, other: np.ndarray, first_call: int,
   if a.shape != b.shape:
     return {"shape": [list(a.shape), list(b.shape)]}
   differ = a != b
+  if nan == "position":
+    differ &= ~(_nan(outputs) & _nan(other))
   if not differ.any():
     return None
   k, rank, index = (int(v) for v in np.argwhere(differ)[0])
@@ -562,6 +588,20 @@ def bitwise_difference(outputs: np.ndarray, other: np.ndarray, first_call: int,
     out["inputs"] = [_describe(v, dtype)["bits"]
                      for v in inputs[(first_call + k) % sets, :, index]]
   return out
+
+
+def nan_payload_differences(outputs: np.ndarray, other: np.ndarray) -> int:
+  """Elements that are NaN in both `outputs` and `other` with other bits."""
+  u = _UINT[outputs.dtype.itemsize]
+  return int(((outputs.view(u) != other.view(u)) & _nan(outputs) & _nan(other)).sum())
+
+
+def non_canonical_nans(outputs: np.ndarray) -> int:
+  """NaN elements of `outputs` whose bits are not CANONICAL_NAN's."""
+  if outputs.dtype not in CANONICAL_NAN:
+    return 0
+  u = _UINT[outputs.dtype.itemsize]
+  return int((_nan(outputs) & (outputs.view(u) != CANONICAL_NAN[outputs.dtype])).sum())
 
 
 def nan_bits(outputs: np.ndarray, limit: int = 16) -> list[str]:
@@ -648,6 +688,9 @@ def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator) -> dic
   if mismatch is not None:
     row["first_mismatch"] = mismatch
   row["nan_bits"] = nan_bits(outputs)
+  if s.canonical_nan:
+    row["non_canonical_nans"] = non_canonical_nans(outputs)
+    ok = ok and row["non_canonical_nans"] == 0
   if s.bitwise_against is not None:
     ok = _check_bitwise(mod, s, case, raw, code, keep, inputs, outputs, r, row) and ok
   row["status"] = "pass" if ok else "fail"
@@ -669,9 +712,12 @@ def _check_bitwise(mod: Any, s: Settings, case: Case, raw: np.ndarray, code: int
     row["bitwise_error"] = o["cuda_error"]
     return False
   other = np.asarray(o["outputs"]).view(case.np_dtype)
-  difference = bitwise_difference(outputs, other, r["first_kept_call"], inputs)
+  difference = bitwise_difference(outputs, other, r["first_kept_call"], inputs,
+                                  nan=s.bitwise_nan)
+  row["bitwise_nan"] = s.bitwise_nan
   row["bitwise_equal"] = difference is None
   row["bitwise_nan_bits"] = nan_bits(other)
+  row["nan_payload_differences"] = nan_payload_differences(outputs, other)
   if difference is not None:
     row["bitwise_difference"] = difference
   u = _UINT[case.np_dtype.itemsize]
@@ -700,7 +746,7 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
   Expected: the run stopped with a CUDA error (the trap) at call skip_call,
   before the host deadline; at least one rank reported; every report is
   from a rank other than skip_rank about itself (``rank`` = its index),
-  names skip_rank as the peer (two_shot_ll: skip_rank, or a chunk owner
+  names skip_rank as the peer (the two-shots: skip_rank, or a chunk owner
   whose reduction waits for skip_rank), carries the epoch of call skip_call and its
   flag (one_shot_sentinel: the sentinel's fold 0xffffffff as expected and as
   both words seen, sentinel.cuh: neither word arrived), and waited at least
@@ -736,7 +782,7 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
       problems.append(f"{where}: the skipped rank reported")
     if r.get("rank") != i:
       problems.append(f"{where}: names rank {r.get('rank')} as the one that waited")
-    two_shot = spec.get("algorithm", "one_shot_ll") == "two_shot_ll"
+    two_shot = spec.get("algorithm", "one_shot_ll") in ("two_shot_ll", "two_shot_ll128")
     if r.get("peer") != rank_r and not (two_shot and r.get("peer") not in (i, None)):
       problems.append(f"{where}: names peer {r.get('peer')}, not {rank_r}")
     if r.get("epoch") != epoch:

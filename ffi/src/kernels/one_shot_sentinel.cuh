@@ -5,8 +5,9 @@
 // Every rank stores its payload, 16 bytes per line with no flag word
 // (sentinel.cuh), into its slot of every peer's scratch region; then it
 // polls its own region for each peer's line, reduces all ranks in rank order
-// (reduce.cuh: bitwise the one-shot LL's result) and re-arms the slots it
-// read. No barrier at entry or exit. SentinelSession applies the protocol
+// (reduce.cuh: the one-shot LL's additions), stores the sum with every NaN
+// made the canonical NaN (sentinel.cuh, NaN results) and re-arms the slots
+// it read. No barrier at entry or exit. SentinelSession applies the protocol
 // rules; the kernel is the algorithm's steps.
 //
 // Dtypes: float32, bfloat16, float16. Not int32 (sentinel.cuh: a payload
@@ -175,8 +176,9 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotSentinelKernel(const AllRe
       lo.Add(src, sentinel::Low(p));
       hi.Add(src, sentinel::High(p));
     }
+    // Every NaN result becomes the canonical NaN (sentinel.cuh, NaN results).
     sentinel::StoreLine(a.out, a.n_bytes, a.vector_lines, line,
-                        sentinel::Join(lo.Result(), hi.Result()));
+                        CanonicalNaNs<T>(sentinel::Join(lo.Result(), hi.Result())));
   }
   s.End(active);  // re-arm the slots read
 }
