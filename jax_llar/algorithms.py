@@ -65,6 +65,12 @@ Algorithms:
     512 lines x 8 bytes. Not in the shipped tuning table (``tune`` measures
     it with the others); reachable with JAX_LLAR_ALGORITHM=nccl_lla2a_one_shot,
     and measured by the kernel level as ``nccl.lla2a_one_shot``.
+  TWO_SHOT_LL128 (6): the two-shot of TWO_SHOT_LL in the LL128 line format of
+    ONE_SHOT_LL128 (same phases, chunks counted in 120-byte lines, bitwise
+    the one-shot LL's result), with the same dependence on 128-byte stores
+    arriving as one unit (ffi/src/kernels/two_shot_ll128.cuh). Payload per
+    rank: up to 4 MiB. Not in the tuning table; reachable with
+    JAX_LLAR_ALGORITHM=two_shot_ll128.
 """
 
 from __future__ import annotations
@@ -91,6 +97,7 @@ class Algorithm(enum.IntEnum):
   ONE_SHOT_SENTINEL = 3
   ONE_SHOT_LL128 = 4
   NCCL_LLA2A_ONE_SHOT = 5
+  TWO_SHOT_LL128 = 6
 
   @property
   def short_name(self) -> str:
@@ -135,6 +142,7 @@ MAX_BYTES: dict[Algorithm, int] = {
     Algorithm.ONE_SHOT_SENTINEL: 64 * 512 * 16,
     Algorithm.ONE_SHOT_LL128: 64 * 64 * 120,
     Algorithm.NCCL_LLA2A_ONE_SHOT: 64 * 512 * 8,
+    Algorithm.TWO_SHOT_LL128: 4 * 1024 * 1024,
 }
 
 # The largest of MAX_BYTES: the cap of the JAX_LLAR_MAX_BYTES setting.
@@ -194,6 +202,10 @@ def region_bytes(algorithm: Algorithm, world: int) -> int:
     return two_shot_max_steps(world) * 2 * 2 * world * TWO_SHOT_STEP_LINES * 16
   if algorithm == Algorithm.ONE_SHOT_LL128:  # halves x blocks x ranks x lines x 128 B
     return 2 * 64 * world * 64 * 128
+  if algorithm == Algorithm.TWO_SHOT_LL128:  # steps x halves x phases x ranks x 4096 x 128 B
+    lines = -(-MAX_BYTES[Algorithm.TWO_SHOT_LL128] // 120)
+    steps = -(-(-(-lines // world)) // (64 * 64))
+    return steps * 2 * 2 * world * 64 * 64 * 128
   if algorithm == Algorithm.NCCL_LLA2A_ONE_SHOT:
     # NCCL's session buffer (args.h: NcclLLA2ABufferBytes): 64 sessions of
     # one epoch line and, per parity, world x 512 slots, 16 bytes each.

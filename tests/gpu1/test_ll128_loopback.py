@@ -96,10 +96,14 @@ def test_ll128_ranks_running_ahead_misaligned_rezeroing(tmp_path):
         assert (world, "float32", n, e) in passed, (world, n, e, tail)
 
 
-def _compare(cases, calls, sync, seed=0, timeout=900):
+def _compare(cases, calls, sync, seed=0, timeout=900,
+             algorithms=("one_shot_ll", "one_shot_ll128")):
+  """Runs the comparison child program (programs/compare_ll128.py); returns
+  its rows and the tail of its output."""
   env = dict(os.environ)
   env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", MAX_CONNECTIONS)
-  spec = {"cases": cases, "calls": calls, "sync": sync, "seed": seed}
+  spec = {"cases": cases, "calls": calls, "sync": sync, "seed": seed,
+          "algorithms": list(algorithms)}
   p = subprocess.run([sys.executable, str(COMPARE), json.dumps(spec)], cwd=ROOT,
                      capture_output=True, text=True, timeout=timeout, env=env)
   tail = (p.stdout + p.stderr)[-4000:]
@@ -113,9 +117,10 @@ def _compare(cases, calls, sync, seed=0, timeout=900):
 def test_ll128_output_is_bitwise_the_one_shot_lls():
   """Same input sets (random, with special values: signed zeros, subnormals,
   inf, NaN payloads, overflow, cancellation, ties) through the one-shot LL
-  and the LL128: every output byte of every call and rank is equal, and the
-  LL128's match the float64 rank-order reference; line-boundary sizes,
-  aligned and misaligned, synchronised and not."""
+  and the LL128: every output bit of every call and rank is equal (NaNs by
+  position: which NaN a sum of NaN payloads gives depends on the compiled
+  operand order), and the LL128's match the float64 rank-order reference;
+  line-boundary sizes, aligned and misaligned, synchronised and not."""
   itemsize = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4}
   cases = []
   for world in (2, 3, 4, 8, 16):

@@ -67,7 +67,7 @@ enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
 // AllReduceArgs::epochs.
 enum class Algorithm : int32_t {
   kOneShotLL = 1, kTwoShotLL = 2, kOneShotSentinel = 3, kOneShotLL128 = 4,
-  kNcclLLA2AOneShot = 5 };
+  kNcclLLA2AOneShot = 5, kTwoShotLL128 = 6 };
 
 // Ids an algorithm may take: 1 .. kMaxAlgorithms - 1. Sizes the per-device
 // state words (one counter set per id), not the launcher table.
@@ -172,6 +172,39 @@ LLAR_HOST_DEVICE constexpr uint32_t OneShotLL128Offset(int half, int block, int 
               kLL128LinesPerBlock + uint32_t(line)) * kLL128LineBytes;
 }
 
+// Two-shot LL128 geometry (kernels/two_shot_ll128.cuh, which states the
+// protocol): two_shot_ll's phases and steps, in LL128 lines. Largest payload
+// per rank: 4 MiB.
+inline constexpr std::size_t kTwoShotLL128MaxBytes = std::size_t(4) * 1024 * 1024;
+// Line slots of one step: kLL128LinesPerBlock per block of the largest grid.
+inline constexpr uint32_t kTwoShotLL128StepLines = uint32_t(kMaxBlocks) * kLL128LinesPerBlock;
+
+// Steps the two-shot LL128's region holds for `world` ranks: enough for the
+// largest chunk of kTwoShotLL128MaxBytes (5 for 2 ranks, 1 for 16).
+LLAR_HOST_DEVICE constexpr uint32_t TwoShotLL128MaxSteps(int world) {
+  const uint32_t lines = uint32_t((kTwoShotLL128MaxBytes + kLL128PayloadBytes - 1) /
+                                  kLL128PayloadBytes);
+  const uint32_t chunk = (lines + uint32_t(world) - 1) / uint32_t(world);
+  return (chunk + kTwoShotLL128StepLines - 1) / kTwoShotLL128StepLines;
+}
+
+// Bytes of the two-shot LL128's region per rank: steps x two halves x two
+// phases x source ranks x kTwoShotLL128StepLines slots x 128 B.
+constexpr std::size_t TwoShotLL128RegionBytes(int world) {
+  return std::size_t(TwoShotLL128MaxSteps(world)) * 2 * kTwoShotPhases * std::size_t(world) *
+         kTwoShotLL128StepLines * kLL128LineBytes;
+}
+
+// Byte offset of the line slot (step, half, phase, src, block, slot) in the
+// two-shot LL128's region (32-bit arithmetic as ScratchOffset). A lane's
+// 16-byte part j of the line is at this offset + 16 j.
+LLAR_HOST_DEVICE constexpr uint32_t TwoShotLL128Offset(int step, int half, int phase, int world,
+                                                       int src, int block, int slot) {
+  return (((((uint32_t(step) * 2 + uint32_t(half)) * kTwoShotPhases + uint32_t(phase)) *
+                uint32_t(world) + uint32_t(src)) * kMaxBlocks + uint32_t(block)) *
+              kLL128LinesPerBlock + uint32_t(slot)) * kLL128LineBytes;
+}
+
 // NCCL LL all-to-all one-shot (llar/nccl_lla2a.h,
 // kernels/nccl_lla2a_one_shot.cuh). Its exchange lives in NCCL's buffer, not
 // in a symmetric region of ours: kMaxBlocks sessions (one per thread block),
@@ -201,6 +234,7 @@ constexpr std::size_t RegionBytes(Algorithm algorithm, int world) {
     case Algorithm::kOneShotSentinel: return OneShotScratchBytes(world);  // the same slots
     case Algorithm::kOneShotLL128: return OneShotLL128RegionBytes(world);
     case Algorithm::kNcclLLA2AOneShot: return NcclLLA2ABufferBytes(world);  // NCCL's
+    case Algorithm::kTwoShotLL128: return TwoShotLL128RegionBytes(world);
   }
   return 0;
 }

@@ -187,6 +187,24 @@ LLAR_API KernelGrid OneShotLL128Grid(uint32_t n_bytes, int world);
 LLAR_API cudaError_t OneShotLL128Occupancy(DType dtype, int world, uint32_t threads,
                                            int* regs_per_thread, int* blocks_per_sm);
 
+// two_shot_ll128.cu: the two-shot LL128 all-reduce (two_shot_ll128.cuh),
+// payloads up to kTwoShotLL128MaxBytes per rank, every dtype.
+//
+// Grid for a payload of `lines` LL128 lines over `world` ranks: the largest
+// chunk, c = TwoShotChunkOf(lines, world, 0).lines, spread over up to
+// kMaxBlocks blocks of about kTwoShotLL128BlockLines chunk lines each (the
+// one-shot LL128's rule, not measured for the two-shot);
+// lines_per_block = ceil(c / blocks), threads = that in whole warps of 4 line
+// slots, at most kMaxThreads, and steps = ceil(lines_per_block / (threads /
+// 8)) (at most TwoShotLL128MaxSteps(world)).
+inline constexpr uint32_t kTwoShotLL128BlockLines = 8;
+LLAR_API TwoShotGrid TwoShotLL128GridFor(uint32_t lines, int world);
+LLAR_API cudaError_t LaunchTwoShotLL128(AllReduceArgs args, DType dtype, cudaStream_t stream);
+LLAR_API cudaError_t PreloadTwoShotLL128();
+LLAR_API KernelGrid TwoShotLL128Grid(uint32_t n_bytes, int world);
+LLAR_API cudaError_t TwoShotLL128Occupancy(DType dtype, int world, uint32_t threads,
+                                           int* regs_per_thread, int* blocks_per_sm);
+
 // nccl_lla2a_one_shot.cu: the one-shot all-reduce on NCCL's LL all-to-all
 // session (nccl_lla2a_one_shot.cuh), payloads up to kNcclLLA2AOneShotMaxBytes
 // per rank, every dtype. Grid: OneShotGridFor over 8-byte lines, plus one
@@ -250,6 +268,8 @@ inline constexpr AlgorithmEntry kAlgorithms[] = {
     {"nccl_lla2a_one_shot", &LaunchNcclLLA2AOneShot, kNcclLLA2AOneShotMaxBytes,
      &PreloadNcclLLA2AOneShot, &NcclLLA2AOneShotGrid, &NcclLLA2AOneShotOccupancy, 0,
      &NcclLLA2AOneShotSlots},  // Algorithm::kNcclLLA2AOneShot
+    {"two_shot_ll128", &LaunchTwoShotLL128, kTwoShotLL128MaxBytes, &PreloadTwoShotLL128,
+     &TwoShotLL128Grid, &TwoShotLL128Occupancy, 0},  // Algorithm::kTwoShotLL128
 };
 inline constexpr int64_t kAlgorithmCount =
     static_cast<int64_t>(sizeof(kAlgorithms) / sizeof(kAlgorithms[0]));
@@ -258,6 +278,7 @@ static_assert(static_cast<int64_t>(Algorithm::kTwoShotLL) == 2, "kAlgorithms ord
 static_assert(static_cast<int64_t>(Algorithm::kOneShotSentinel) == 3, "kAlgorithms order");
 static_assert(static_cast<int64_t>(Algorithm::kOneShotLL128) == 4, "kAlgorithms order");
 static_assert(static_cast<int64_t>(Algorithm::kNcclLLA2AOneShot) == 5, "kAlgorithms order");
+static_assert(static_cast<int64_t>(Algorithm::kTwoShotLL128) == 6, "kAlgorithms order");
 static_assert(kAlgorithmCount <= kMaxAlgorithms, "args.h: kMaxAlgorithms counter sets");
 
 // The table entry of `algorithm`, or nullptr outside the table.

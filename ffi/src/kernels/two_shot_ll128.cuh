@@ -1,0 +1,295 @@
+// Two-shot LL128 all-reduce: the two-shot of two_shot_ll.cuh in 128-byte
+// LL128 lines (ll128.cuh) instead of 16-byte LL lines. two_shot_ll128.cu
+// instantiates it and holds its grid rule and launcher.
+//
+// Source: ARCHITECTURE.md, "Algorithms", item 3 (the two-shot, arXiv
+// 2607.16100, section 4), in NCCL's LL128 line format.
+//
+// The protocol is two_shot_ll.cuh's, step for step, with LL128 lines of 120
+// payload bytes as the unit: the payload of L = ceil(n_bytes / 120) lines is
+// cut into `world` chunks as equal as possible (TwoShotChunkOf over LL128
+// lines; chunk 0 the largest, never empty); rank q owns chunk q; every chunk
+// index i is handled by the 8 lanes of one line slot:
+//   1. reduce-scatter: for every peer q with i < |chunk q|, the line slot's
+//      lanes store line start(q) + i of the input into their slot of q's
+//      reduce-scatter region; then the warp advances its epoch counter;
+//   2. reduce: if i < |chunk rank|, the warp waits for every peer's line i of
+//      its own chunk and sums all ranks in rank order (RankOrderSum, bitwise
+//      the one-shot LL's result), stores the result to its output and the
+//      reduced line into its slot of every peer's all-gather region;
+//   3. all-gather: for every peer q with i < |chunk q|, it waits for q's
+//      reduced line i and stores it to its output at start(q) + i.
+// No barrier at entry, between the phases or at exit. Correctness rests on
+// the hardware property that ll128.cuh states and ffi/tools/store_atomicity.cu
+// tests, not on a documented guarantee.
+//
+// The waits are warp-collective (WaitLL128Part): every lane of a warp runs
+// every step and every peer's wait in the same order, a lane whose line slot
+// has nothing to wait for in it takes part without loading. A timed-out wait
+// reports the peer, the block and as `line` the payload line index.
+//
+// Work split: a block of `threads` threads holds threads / 8 line slots; it
+// handles lines_per_block = ceil(|chunk 0| / blocks) chunk indices,
+// first = block * lines_per_block, slot t / 8 handling indices
+// first + s * (threads / 8) + t / 8 for steps s = 0 .. steps - 1
+// (TwoShotLL128GridFor, kernels.h). Units and tails as one_shot_ll128.cuh:
+// lane j < 7 of a line carries payload units 2j and 2j + 1, lane 7 unit 14.
+//
+// Region (args.h: TwoShotLL128Offset, TwoShotLL128RegionBytes): slot
+// (step s, half h, phase f, source src, block b, line slot l) of 128 bytes.
+// Its position depends only on (s, b, l) besides the half, the phase and the
+// source, never on the grid or the size, so it belongs to warp (b, l / 4) at
+// every size. The region holds TwoShotLL128MaxSteps(world) steps, enough for
+// the largest chunk of kTwoShotLL128MaxBytes.
+//
+// Epochs, the two regions, scratch reuse and re-zeroing: two_shot_ll.cuh's
+// arguments hold word for word with "line slot" for "thread" (in call E + 1
+// the 8 lanes of block 0's first line slot handle index 0 of chunk 0 on every
+// rank, so every rank's kernel E + 1 waits, directly or through rank 0, for a
+// store that each peer made in its kernel E + 1), with this algorithm's own
+// counter set (AllReduceArgs::epochs). Re-zeroing: in MustRezero epochs
+// each lane clears its own 16-byte part of its line slot in every step the
+// region holds, both phases, every source, in the half it used, after its
+// last wait.
+//
+// Template parameters:
+//   T        float, __nv_bfloat16, __half or int32_t.
+//   kWorld   2, 4 or 8 ranks known at compile time (loops unrolled, peer
+//            addresses loaded once, float accumulation for 2 ranks); 0: any
+//            number of ranks, read at run time.
+#ifndef LLAR_KERNELS_TWO_SHOT_LL128_CUH_
+#define LLAR_KERNELS_TWO_SHOT_LL128_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/kernels.h"
+#include "llar/args.h"
+#include "llar/epoch.cuh"
+#include "llar/ll128.cuh"
+#include "llar/peers.cuh"
+#include "llar/reduce.cuh"
+#include "llar/wait.cuh"
+
+namespace llar {
+namespace two_shot_ll128 {
+
+// Clears this lane's part of line slot `slot` of `block` in half `half`:
+// every step the region holds, both phases, every source (re-zeroing
+// above). Out of line: twice every 2^30 calls.
+static __device__ __noinline__ void RezeroParts(char* own, int half, int world, int block,
+                                                int slot, int part) {
+  const int steps = static_cast<int>(TwoShotLL128MaxSteps(world));
+  for (int s = 0; s < steps; ++s) {
+    for (int phase = 0; phase < kTwoShotPhases; ++phase) {
+      for (int src = 0; src < world; ++src) {
+        ClearLL128Part(own + TwoShotLL128Offset(s, half, phase, world, src, block, slot) +
+                       part * kLL128PartBytes);
+      }
+    }
+  }
+}
+
+// The lane's payload units of line `line` of `in`: the first, and the
+// second for lanes that are not the flag lane ({0, 0} there).
+struct Units {
+  uint2 u0, u1;
+};
+__device__ __forceinline__ Units LoadUnits(const AllReduceArgs& a, uint32_t line, bool flag_lane,
+                                           int first_unit) {
+  const uint32_t unit = line * kLL128UnitsPerLine + first_unit;
+  Units u;
+  u.u0 = LoadPayload(a.in, a.n_bytes, a.vector_lines, unit);
+  u.u1 = flag_lane ? uint2{0u, 0u} : LoadPayload(a.in, a.n_bytes, a.vector_lines, unit + 1);
+  return u;
+}
+
+__device__ __forceinline__ void StoreUnits(const AllReduceArgs& a, uint32_t line, bool flag_lane,
+                                           int first_unit, uint2 u0, uint2 u1) {
+  const uint32_t unit = line * kLL128UnitsPerLine + first_unit;
+  StorePayload(a.out, a.n_bytes, a.vector_lines, unit, u0);
+  if (!flag_lane) StorePayload(a.out, a.n_bytes, a.vector_lines, unit + 1, u1);
+}
+
+}  // namespace two_shot_ll128
+
+template <typename T, int kWorld>
+__global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduceArgs a) {
+  constexpr int kUnroll = kWorld > 0 ? kWorld : 1;
+  const int world = kWorld > 0 ? kWorld : a.world;
+  const int rank = a.rank;
+  const int block = blockIdx.x;
+  const int t = threadIdx.x;
+  uint64_t* counter = a.epochs + (static_cast<unsigned>(block) * kMaxWarps +
+                                  static_cast<unsigned>(t) / kWarpSize);
+  const uint64_t epoch = LoadEpoch(counter);
+  const PeerTable* pt = a.peers;
+  char* own = internal::ScratchOf(pt, rank);
+  const PeerScratch<kWorld> peer(pt, rank, world);
+
+  const int slot = t / kLL128LanesPerLine;
+  const int part = LL128LaneInLine(t);
+  const bool flag_lane = IsLL128FlagLane(t);
+  const int first_unit = LL128FirstUnit(t);
+  const uint32_t part_offset = static_cast<uint32_t>(part) * kLL128PartBytes;
+  const uint32_t lines = (a.n_bytes + kLL128PayloadBytes - 1) / kLL128PayloadBytes;
+  const uint32_t per_block = a.lines_per_block;
+  const uint32_t slots = blockDim.x / kLL128LanesPerLine;  // line slots per step
+  const uint32_t first = static_cast<uint32_t>(block) * per_block;
+  const int steps = static_cast<int>((per_block + slots - 1) / slots);
+  const uint32_t flag = LL128Flag(epoch);
+  const int half = HalfOf(epoch);
+  const TwoShotChunk mine = TwoShotChunkOf(lines, world, rank);
+
+  // 1. Reduce-scatter: line start(q) + i of the input to its owner q.
+  for (int s = 0; s < steps; ++s) {
+    const uint32_t j = static_cast<uint32_t>(s) * slots + slot;
+    const uint32_t i = first + j;
+    const bool in_block = j < per_block;
+    const uint32_t off =
+        TwoShotLL128Offset(s, half, kTwoShotReduceScatter, world, rank, block, slot) +
+        part_offset;
+    if constexpr (kWorld > 0) {
+      // Every load first, then every store (as two_shot_ll.cuh).
+      two_shot_ll128::Units v[kWorld - 1];
+#pragma unroll
+      for (int k = 1; k < kWorld; ++k) {
+        const TwoShotChunk c = TwoShotChunkOf(lines, kWorld, internal::PeerAt(rank, k, kWorld));
+        v[k - 1] = in_block && i < c.lines
+                       ? two_shot_ll128::LoadUnits(a, c.start + i, flag_lane, first_unit)
+                       : two_shot_ll128::Units{{0u, 0u}, {0u, 0u}};
+      }
+      __syncwarp();  // the 8 lanes of a line store it with one instruction
+#pragma unroll
+      for (int k = 1; k < kWorld; ++k) {
+        const int q = internal::PeerAt(rank, k, kWorld);
+        if (in_block && i < TwoShotChunkOf(lines, kWorld, q).lines) {
+          StoreLL128Part(peer(k) + off, v[k - 1].u0, flag_lane ? uint2{flag, 0u} : v[k - 1].u1);
+        }
+      }
+    } else {
+      for (int k = 1; k < world; ++k) {
+        const int q = internal::PeerAt(rank, k, world);
+        const TwoShotChunk c = TwoShotChunkOf(lines, world, q);
+        const bool act = in_block && i < c.lines;
+        two_shot_ll128::Units v{{0u, 0u}, {0u, 0u}};
+        if (act) v = two_shot_ll128::LoadUnits(a, c.start + i, flag_lane, first_unit);
+        __syncwarp();
+        if (act) StoreLL128Part(peer(k) + off, v.u0, flag_lane ? uint2{flag, 0u} : v.u1);
+      }
+    }
+  }
+  // Every lane has read E; the counter is read again only by the next kernel.
+  __syncwarp();
+  if (t % kWarpSize == 0) *counter = epoch + 1;
+
+  // 2. Reduce this rank's chunk in rank order; keep it and send it to every
+  // peer. Every lane runs every step (the waits are warp-collective).
+  for (int s = 0; s < steps; ++s) {
+    const uint32_t j = static_cast<uint32_t>(s) * slots + slot;
+    const uint32_t i = first + j;
+    const bool act = j < per_block && i < mine.lines;
+    const uint32_t line = mine.start + i;
+    two_shot_ll128::Units own_part{{0u, 0u}, {0u, 0u}};
+    if (act) own_part = two_shot_ll128::LoadUnits(a, line, flag_lane, first_unit);
+    RankOrderSum<T, AccumulatorFor<T, kWorld>> sum0, sum1;
+#pragma unroll kUnroll
+    for (int src = 0; src < world; ++src) {
+      uint2 p0 = own_part.u0, p1 = own_part.u1;
+      if (src != rank) {
+        const uint4 v = WaitLL128Part(
+            pt,
+            own + TwoShotLL128Offset(s, half, kTwoShotReduceScatter, world, src, block, slot) +
+                part_offset,
+            act, flag, WaitSite{rank, src, block, static_cast<int32_t>(line), epoch});
+        p0 = LL128Unit0(v);
+        p1 = LL128Unit1(v);
+      }
+      sum0.Add(src, p0);
+      sum1.Add(src, p1);  // the flag lane's is unused
+    }
+    const uint2 r0 = sum0.Result(), r1 = sum1.Result();
+    if (act) two_shot_ll128::StoreUnits(a, line, flag_lane, first_unit, r0, r1);
+    const uint32_t off =
+        TwoShotLL128Offset(s, half, kTwoShotAllGather, world, rank, block, slot) + part_offset;
+    const uint2 second = flag_lane ? uint2{flag, 0u} : r1;
+    __syncwarp();
+    if (act) {
+#pragma unroll kUnroll
+      for (int k = 1; k < world; ++k) StoreLL128Part(peer(k) + off, r0, second);
+    }
+  }
+
+  // 3. All-gather: every peer's reduced chunk, into the output.
+  for (int s = 0; s < steps; ++s) {
+    const uint32_t j = static_cast<uint32_t>(s) * slots + slot;
+    const uint32_t i = first + j;
+    const bool in_block = j < per_block;
+#pragma unroll kUnroll
+    for (int k = 1; k < world; ++k) {
+      const int q = internal::PeerAt(rank, k, world);
+      const TwoShotChunk c = TwoShotChunkOf(lines, world, q);
+      const bool act = in_block && i < c.lines;
+      const uint32_t line = c.start + i;
+      const uint4 v = WaitLL128Part(
+          pt,
+          own + TwoShotLL128Offset(s, half, kTwoShotAllGather, world, q, block, slot) +
+              part_offset,
+          act, flag, WaitSite{rank, q, block, static_cast<int32_t>(line), epoch});
+      if (act) two_shot_ll128::StoreUnits(a, line, flag_lane, first_unit, LL128Unit0(v),
+                                          LL128Unit1(v));
+    }
+  }
+  if (MustRezero(epoch)) two_shot_ll128::RezeroParts(own, half, world, block, slot, part);
+}
+
+// Host side: the kernels for world sizes kWorlds... and any world size
+// (kWorld = 0), picked by dtype and the group's number of ranks.
+template <int... kWorlds>
+struct TwoShotLL128Kernels {
+  using Kernel = void (*)(AllReduceArgs);
+
+  template <typename T>
+  static Kernel ForWorld(int world) {
+    Kernel k = TwoShotLL128Kernel<T, 0>;
+    ((world == kWorlds ? (k = TwoShotLL128Kernel<T, kWorlds>, 0) : 0), ...);
+    return k;
+  }
+
+  static Kernel For(DType dtype, int world) {
+    switch (dtype) {
+      case DType::kF32: return ForWorld<float>(world);
+      case DType::kBF16: return ForWorld<__nv_bfloat16>(world);
+      case DType::kF16: return ForWorld<__half>(world);
+      case DType::kI32: return ForWorld<int32_t>(world);
+    }
+    return nullptr;
+  }
+
+  // Fills in the grid-dependent fields of `a` and launches.
+  static cudaError_t Launch(AllReduceArgs a, DType dtype, cudaStream_t stream) {
+    if (a.n_bytes == 0) return cudaSuccess;
+    if (a.n_bytes > kTwoShotLL128MaxBytes || a.world < 2 || a.world > kMaxRanks ||
+        a.rank >= a.world || a.peers == nullptr || a.epochs == nullptr) {
+      return cudaErrorInvalidValue;
+    }
+    const uint32_t lines = (a.n_bytes + kLL128PayloadBytes - 1) / kLL128PayloadBytes;
+    a.vector_lines = VectorLines(a.n_bytes, {a.in, a.out});
+    const TwoShotGrid g = TwoShotLL128GridFor(lines, a.world);
+    if (g.steps > TwoShotLL128MaxSteps(a.world)) return cudaErrorInvalidValue;
+    a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
+    const Kernel fn = For(dtype, a.world);
+    if (fn == nullptr) return cudaErrorInvalidValue;
+    fn<<<g.blocks, g.threads, 0, stream>>>(a);
+    return cudaGetLastError();
+  }
+
+  static cudaError_t Preload() { return PreloadKernels<kWorlds...>(&For); }
+};
+
+}  // namespace llar
+
+#endif  // LLAR_KERNELS_TWO_SHOT_LL128_CUH_
