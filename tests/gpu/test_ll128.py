@@ -74,7 +74,7 @@ def test_ll128_random_values_all_sizes(mesh, dtype, ll128):
 
 def test_ll128_equals_the_one_shot_ll(mesh, ll128, monkeypatch):
   """Same inputs through both algorithms: the same bits (special values
-  included), at sizes both serve."""
+  included; NaNs by position), at sizes both serve."""
   dtype = np.dtype(np.float32)
   rng = np.random.default_rng(22)
   specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 3.4e38],
@@ -90,7 +90,9 @@ def test_ll128_equals_the_one_shot_ll(mesh, ll128, monkeypatch):
     monkeypatch.setattr(config.settings, "algorithm", "one_shot_ll")
     ll = allreduce_per_rank(mesh, inputs, lambda v: jax_llar.psum(v, "x"))
     monkeypatch.setattr(config.settings, "algorithm", "one_shot_ll128")
-    assert got.tobytes() == ll.tobytes(), f"n={n}"
+    # NaNs by position: a sum of NaN payloads keeps the payload of the
+    # operand each compiled addition puts first (benchmarks/NOTES.md).
+    assert testing.bitwise_equal(got, ll), f"n={n}"
 
 
 def test_ll128_many_calls_in_one_program(mesh, ll128):
