@@ -3,11 +3,9 @@
   python -m jax_llar.tools.loopback [--worlds 2,3,4,5,8,16] [--dtypes float32,bfloat16]
       [--sizes 4,100,4096] [--calls 50] [--generic] [--no_sync] [--json out.json]
       [--algorithm two_shot_ll]   (the two-shot, sizes up to 4 MiB per rank)
-      [--algorithm one_shot_sentinel --nan_patterns --canonical_nan
-       --bitwise_against one_shot_ll --bitwise_nan position]
+      [--algorithm one_shot_sentinel --nan_patterns --bitwise_against one_shot_ll]
           (the sentinel one-shot, float dtypes, up to 512 KiB per rank; its
-          outputs equal to the one-shot LL's bit for bit but for NaN bits,
-          every NaN the canonical one)
+          outputs equal to the one-shot LL's bit for bit, NaNs included)
   python -m jax_llar.tools.loopback --skip_rank R --skip_call C [...]   (fault mode)
   python -m jax_llar.tools.loopback --op add_rms_norm [--shapes 1x4096,8x2048] [...]
       (the fused all-reduce + residual add + RMSNorm: jax_llar.tools.loopback_fused)
@@ -94,9 +92,10 @@ BITWISE_NAN = flags.DEFINE_enum("bitwise_nan", "exact", ["exact", "position"],
                                 "--bitwise_against: exact: NaN bits compared too; "
                                 "position: where both outputs are NaN only counted "
                                 "(nan_payload_differences).")
-CANONICAL_NAN = flags.DEFINE_bool("canonical_nan", False,
+CANONICAL_NAN = flags.DEFINE_bool("canonical_nan", True,
                                   "Every NaN output must be the canonical NaN (float32 "
-                                  "0x7fffffff, bfloat16 and float16 0x7fff).")
+                                  "0x7fffffff, bfloat16 and float16 0x7fff), the rule of "
+                                  "every algorithm (--nocanonical_nan: not checked).")
 CALLS = flags.DEFINE_integer("calls", 50, "Consecutive all-reduce calls per case.",
                              lower_bound=1)
 SETS = flags.DEFINE_integer("sets", 4, "Input sets; call c uses set c % sets.",

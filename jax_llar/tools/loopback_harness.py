@@ -136,7 +136,8 @@ class Settings:
     bitwise_nan: with bitwise_against, "exact" (NaN bits compared too) or
       "position" (where both are NaN the bits are not compared, only
       counted: nan_payload_differences).
-    canonical_nan: every NaN output must be the canonical NaN (CANONICAL_NAN).
+    canonical_nan: every NaN output must be the canonical NaN (CANONICAL_NAN;
+      reduce.cuh's rule for every algorithm).
   """
   worlds: tuple[int, ...] = DEFAULT_WORLDS
   dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16", "int32")
@@ -158,7 +159,7 @@ class Settings:
   nan_patterns: bool = False
   bitwise_against: str | None = None
   bitwise_nan: str = "exact"
-  canonical_nan: bool = False
+  canonical_nan: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,9 +349,8 @@ QUIET_BIT = {np.dtype(np.float32): 1 << 22, np.dtype(ml_dtypes.bfloat16): 1 << 6
 # Exponent fields: all ones in a NaN or inf.
 _EXPONENT = {np.dtype(np.float32): 0x7F800000, np.dtype(ml_dtypes.bfloat16): 0x7F80,
              np.dtype(np.float16): 0x7C00}
-# The canonical NaN of each float dtype (ffi/include/llar/sentinel.cuh:
-# kCanonicalNaN32, kCanonicalNaN16): what the float addition of two ranks
-# returns for any NaN, as bits.
+# The canonical NaN of each float dtype (ffi/include/llar/reduce.cuh:
+# kCanonicalNaN32, kCanonicalNaN16): every NaN an all-reduce outputs, as bits.
 CANONICAL_NAN = {np.dtype(np.float32): 0x7FFFFFFF, np.dtype(ml_dtypes.bfloat16): 0x7FFF,
                  np.dtype(np.float16): 0x7FFF}
 # float32 NaNs always in the sample: all ones (the sentinel's half), the

@@ -27,7 +27,18 @@
 // XLA's int32 addition does.
 //
 // No fast-math: conversions keep subnormals (no flush to zero) and NaN stays
-// NaN (its payload may be canonicalised by the add).
+// NaN.
+//
+// NaN results: every NaN element of a sum is stored as the canonical NaN of
+// its dtype, kCanonicalNaN32 (0x7fffffff, f32) or kCanonicalNaN16 (0x7fff,
+// bf16 and f16), whatever the addends' NaN bits. The float addition of two
+// ranks returns it anyway; the double additions of three or more ranks carry
+// one NaN operand's payload into the sum (a signalling one before a quiet
+// one, else whichever operand the compiled instruction takes first), so
+// without this rule the output's NaN bits would depend on the addends'
+// payloads and on code generation, and differ between algorithms that add
+// the same values in the same order (benchmarks/NOTES.md, entry 36). With it
+// every algorithm's output is one bit pattern per input, NaNs included.
 #ifndef LLAR_REDUCE_CUH_
 #define LLAR_REDUCE_CUH_
 
@@ -40,6 +51,10 @@
 #include "llar/args.h"
 
 namespace llar {
+
+// The canonical NaNs every NaN result is stored as (above).
+inline constexpr uint32_t kCanonicalNaN32 = 0x7FFFFFFFu;
+inline constexpr uint32_t kCanonicalNaN16 = 0x7FFFu;
 
 // Adds in the accumulator's precision with round-to-nearest-even, never fused;
 // for uint32_t (the int32 accumulator) the sum modulo 2^32.

@@ -39,24 +39,16 @@
 //   not its input, so every rank reduces the same addends and gets the same
 //   bits.
 //
-// NaN results (CanonicalNaNs<T>): what happens to NaN payload bits
-//   An output element with a NaN addend (or inf + -inf) is a NaN. Its bits
-//   are always the canonical NaN of the dtype, kCanonicalNaN32 (f32) or
-//   kCanonicalNaN16 (bf16, f16), whatever the addends' NaN bits (sign
-//   included): the kernel replaces every NaN of the rank-order sum
-//   (reduce.cuh) by it before storing. Without that rule the replacement
-//   above could show: the reduction's double additions (three or more
-//   ranks) carry one NaN operand's payload into the sum, a signalling one
-//   before a quiet one, and the conversion to f32 or bf16 keeps it (the
-//   float addition of two ranks returns the canonical NaN; conversion to f16
-//   keeps only the sign). So the one-shot LL's NaN bits at three or more
-//   ranks depend on the addends' payloads and on the operand order of each
-//   compiled addition; the sentinel's do not. Every non-NaN element is the
-//   one-shot LL's, bit for bit (same additions in the same order), and so
-//   are the NaN bits at two ranks. tests/gpu1/test_sentinel_loopback.py
-//   checks both against the one-shot LL on every NaN pattern of f16 and
-//   bf16 and a sample of f32 ones in every position of a line, alone and
-//   beside other NaNs (benchmarks/NOTES.md has what the one-shot LL gave).
+// NaN results: what happens to NaN payload bits
+//   An output element with a NaN addend (or inf + -inf) is a NaN, stored as
+//   the canonical NaN of its dtype whatever the addends' NaN bits, sign
+//   included: reduce.cuh's rule for every algorithm. So the replacement
+//   above never shows in an output: the sentinel's outputs equal the
+//   one-shot LL's bit for bit, NaNs included (every non-NaN element: the
+//   same additions in the same order). tests/gpu1/test_sentinel_loopback.py
+//   checks it against the one-shot LL on every NaN pattern of f16 and bf16
+//   and a sample of f32 ones in every position of a line, alone and beside
+//   other NaNs (benchmarks/NOTES.md, entry 36, has why the rule exists).
 //
 //   int32 has no such freedom: a word whose bits are all ones is a pair of
 //   -1 values and any change changes the sum. The protocol serves float32,
@@ -110,14 +102,6 @@ struct QuietBit<__half> {
 // `line` with every word that equals kSentinelWord replaced (contract above).
 template <typename T>
 __device__ __forceinline__ ulonglong2 CanonicalLine(ulonglong2 line);
-
-// The canonical NaNs (NaN results above): what the float addition of two
-// ranks returns, and its conversion to a 16-bit dtype.
-inline constexpr uint32_t kCanonicalNaN32 = 0x7FFFFFFFu;
-inline constexpr uint32_t kCanonicalNaN16 = 0x7FFFu;
-// `v` (payload bits of T) with every NaN element replaced by T's canonical NaN.
-template <typename T>
-__device__ __forceinline__ ulonglong2 CanonicalNaNs(ulonglong2 v);
 
 // One 16-byte store of `line` at `dst` (a peer's scratch or this rank's):
 // st.volatile.global.v2.u64, two naturally aligned 8-byte elements.

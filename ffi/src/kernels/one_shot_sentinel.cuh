@@ -176,9 +176,9 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotSentinelKernel(const AllRe
       lo.Add(src, sentinel::Low(p));
       hi.Add(src, sentinel::High(p));
     }
-    // Every NaN result becomes the canonical NaN (sentinel.cuh, NaN results).
+    // NaN results are canonical NaNs (reduce.cuh).
     sentinel::StoreLine(a.out, a.n_bytes, a.vector_lines, line,
-                        CanonicalNaNs<T>(sentinel::Join(lo.Result(), hi.Result())));
+                        sentinel::Join(lo.Result(), hi.Result()));
   }
   s.End(active);  // re-arm the slots read
 }

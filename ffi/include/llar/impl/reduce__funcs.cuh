@@ -40,9 +40,12 @@ struct Payload<float> {
     v[0] = static_cast<Acc>(__uint_as_float(p.x));
     v[1] = static_cast<Acc>(__uint_as_float(p.y));
   }
-  __device__ __forceinline__ static uint32_t Bits(float v) { return __float_as_uint(v); }
+  // NaN results are the canonical NaN (reduce.cuh).
+  __device__ __forceinline__ static uint32_t Bits(float v) {
+    return v != v ? kCanonicalNaN32 : __float_as_uint(v);
+  }
   __device__ __forceinline__ static uint32_t Bits(double v) {
-    return __float_as_uint(__double2float_rn(v));
+    return v != v ? kCanonicalNaN32 : __float_as_uint(__double2float_rn(v));
   }
   template <typename Acc>
   __device__ __forceinline__ static uint2 Pack(const Acc (&v)[kPerLine]) {
@@ -73,8 +76,13 @@ struct Payload16 {
     __builtin_memcpy(&b, &h, 2);
     return b;
   }
-  __device__ __forceinline__ static uint32_t Raw(float v) { return Raw(FromFloat(v)); }
-  __device__ __forceinline__ static uint32_t Raw(double v) { return Raw(FromDouble(v)); }
+  // Rounded once; NaN results are the canonical NaN (reduce.cuh).
+  __device__ __forceinline__ static uint32_t Raw(float v) {
+    return v != v ? kCanonicalNaN16 : Raw(FromFloat(v));
+  }
+  __device__ __forceinline__ static uint32_t Raw(double v) {
+    return v != v ? kCanonicalNaN16 : Raw(FromDouble(v));
+  }
   // Exact: every 16-bit value is a float.
   template <typename Acc>
   __device__ __forceinline__ static void Unpack(uint2 p, Acc (&v)[kPerLine]) {

@@ -22,44 +22,6 @@ __device__ __forceinline__ ulonglong2 CanonicalLine(ulonglong2 line) {
   return line;
 }
 
-namespace internal {
-
-// One 32-bit word of T elements with every NaN replaced: f32 one element,
-// bf16 and f16 two (exponent all ones and a non-zero mantissa is a NaN).
-template <typename T>
-__device__ __forceinline__ uint32_t CanonicalNaNs32(uint32_t w);
-template <>
-__device__ __forceinline__ uint32_t CanonicalNaNs32<float>(uint32_t w) {
-  return (w & 0x7FFFFFFFu) > 0x7F800000u ? kCanonicalNaN32 : w;
-}
-template <uint32_t kExponent>
-__device__ __forceinline__ uint32_t CanonicalNaNs16x2(uint32_t w) {
-  const uint32_t lo = (w & 0x7FFFu) > kExponent ? kCanonicalNaN16 : (w & 0xFFFFu);
-  const uint32_t hi = ((w >> 16) & 0x7FFFu) > kExponent ? kCanonicalNaN16 : (w >> 16);
-  return lo | (hi << 16);
-}
-template <>
-__device__ __forceinline__ uint32_t CanonicalNaNs32<__nv_bfloat16>(uint32_t w) {
-  return CanonicalNaNs16x2<0x7F80u>(w);
-}
-template <>
-__device__ __forceinline__ uint32_t CanonicalNaNs32<__half>(uint32_t w) {
-  return CanonicalNaNs16x2<0x7C00u>(w);
-}
-
-__device__ __forceinline__ uint64_t CanonicalNaNs64(uint64_t w, uint32_t (*f)(uint32_t)) {
-  return uint64_t(f(static_cast<uint32_t>(w))) | (uint64_t(f(static_cast<uint32_t>(w >> 32)))
-                                                  << 32);
-}
-
-}  // namespace internal
-
-template <typename T>
-__device__ __forceinline__ ulonglong2 CanonicalNaNs(ulonglong2 v) {
-  return {internal::CanonicalNaNs64(v.x, &internal::CanonicalNaNs32<T>),
-          internal::CanonicalNaNs64(v.y, &internal::CanonicalNaNs32<T>)};
-}
-
 __device__ __forceinline__ void StoreSentinelLine(char* dst, ulonglong2 line) {
   asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(dst), "l"(line.x),
                "l"(line.y)
