@@ -112,3 +112,14 @@ def test_command_line_refuses_an_unknown_dtype(tmp_path):
                       "--calls=10"], cwd=ROOT, env=env, capture_output=True, text=True,
                      timeout=300)
   assert p.returncode == 1 and "unknown dtype 'float64'" in p.stdout, p.stdout + p.stderr
+
+
+def test_max_seconds_stops_unfinished_with_the_record_so_far():
+  tally = soak.Tally(10**9)
+  tally.max_seconds = 0.05
+  soak.run_loopback(tally, ["one_shot_ll"], ["float32"], [2], 1024, 100, 2, 1000,
+                    np.random.default_rng(4), 1e9,
+                    run_case=lambda m, s, c, r: _row("pass", s.calls))
+  rec = tally.record()
+  assert rec["stopped_at_max_seconds"] and not rec["passed"]
+  assert 0 < rec["calls_checked"] < 10**9 and rec["failure"] is None

@@ -77,6 +77,9 @@ TIMEOUT_MS = flags.DEFINE_integer("timeout_ms", 5000, "The kernels' bound on eve
                                   "wait (loopback; jax: JAX_LLAR_TIMEOUT_MS).",
                                   lower_bound=1, upper_bound=600_000)
 PROGRESS_S = flags.DEFINE_float("progress_s", 10.0, "Seconds between progress lines.")
+MAX_SECONDS = flags.DEFINE_float("max_seconds", None,
+                                 "Stop after this many seconds with the record so far "
+                                 "(the soak then counts as unfinished, exit status 1).")
 SEED = flags.DEFINE_integer("seed", 0, "Seed of the random cases and inputs.")
 JSON = flags.DEFINE_string("json", None, "Write the record to this file.")
 OUT = flags.DEFINE_string("out", report.default_out_dir(), report.OUT_HELP)
@@ -120,6 +123,8 @@ def main() -> int:
     return 1
   rng = np.random.default_rng(SEED.value)
   tally = Tally(CALLS.value)
+  if MAX_SECONDS.value is not None:
+    tally.max_seconds = MAX_SECONDS.value
   print(f"soak: {CALLS.value:,d} calls, mode {mode}, algorithms {', '.join(algs)}, "
         f"dtypes {', '.join(dtypes)}, up to {MAX_BYTES_F.value} bytes per rank", flush=True)
   if mode == "loopback":
@@ -146,7 +151,9 @@ def main() -> int:
     path = report.save(out, OUT.value, report.stem("soak", TAG.value))[0]
   verdict = "PASSED" if rec["passed"] else "FAILED"
   print(f"soak {verdict}: {rec['calls_checked']:,d} calls checked, {rec['mismatches']} "
-        f"mismatches, failure: {rec['failure'] is not None}; saved {path}", flush=True)
+        f"mismatches, failure: {rec['failure'] is not None}"
+        f"{', stopped at --max_seconds' if rec['stopped_at_max_seconds'] else ''}; "
+        f"saved {path}", flush=True)
   return 0 if rec["passed"] else 1
 
 

@@ -29,6 +29,8 @@ class Tally:
   by_world: Counter = dataclasses.field(default_factory=Counter)
   skipped: Counter = dataclasses.field(default_factory=Counter)  # reason -> count
   units: int = 0          # programs or cases run
+  max_seconds: float = math.inf  # stop (unfinished) after this long
+  stopped_early: bool = False
   failure: dict | None = None
   first_mismatch: dict | None = None
   started: float = dataclasses.field(default_factory=time.perf_counter)
@@ -42,7 +44,9 @@ class Tally:
 
   @property
   def done(self) -> bool:
-    return self.checked >= self.requested or self.failure is not None
+    if time.perf_counter() - self.started > self.max_seconds and not self.stopped_early:
+      self.stopped_early = self.checked < self.requested
+    return self.checked >= self.requested or self.failure is not None or self.stopped_early
 
   def progress(self, every_s: float, force: bool = False) -> None:
     """Prints a progress line at most every `every_s` seconds."""
@@ -66,6 +70,7 @@ class Tally:
             "calls_by_dtype": dict(self.by_dtype),
             "calls_by_world_size": dict(self.by_world),
             "skipped": dict(self.skipped), "failure": self.failure,
+            "stopped_at_max_seconds": self.stopped_early,
             "first_mismatch": self.first_mismatch,
             "seconds": time.perf_counter() - self.started,
             "passed": (self.checked >= self.requested and self.mismatches == 0
