@@ -123,3 +123,14 @@ def test_max_seconds_stops_unfinished_with_the_record_so_far():
   rec = tally.record()
   assert rec["stopped_at_max_seconds"] and not rec["passed"]
   assert 0 < rec["calls_checked"] < 10**9 and rec["failure"] is None
+
+
+def test_a_soak_whose_cases_are_all_skipped_ends_as_a_failure():
+  tally = soak.Tally(1000)
+  soak.run_loopback(tally, ["one_shot_sentinel"], ["int32"], [2], 1024, 100, 2, 1000,
+                    np.random.default_rng(5), 1e9,
+                    run_case=lambda m, s, c, r: _row("skipped", 0, reason="int32 refused"))
+  rec = tally.record()
+  assert not rec["passed"] and rec["calls_checked"] == 0
+  assert "all skipped" in rec["failure"]["error"]
+  assert rec["units"] == soak.MAX_SKIPPED_BEFORE_ANY

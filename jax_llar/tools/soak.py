@@ -7,10 +7,13 @@ dtypes and algorithms, until one fails or the count is reached.
 
 Every call's output on every rank is compared bit for bit with the fast
 path's promise, a float64 sum in rank order rounded once (NaNs by position:
-jax_llar.testing), and every rank must hold the same bits. A wrong sum is
-counted, never retried; a failed call (the bounded wait's error, a lost CUDA
-context) ends the soak at once with its report. The goal of issue 12: at
-least 2.2 million consecutive checked calls, no mismatch, no hang.
+jax_llar.testing), and every rank must hold the same bits. Input sets carry
+special values (signed zeros, subnormals, inf, NaNs) and, for float dtypes,
+every NaN bit pattern and all-ones words. In jax mode a wrong sum is counted
+and the soak goes on; in loopback mode a case with a wrong sum ends it (its
+report names the first mismatch). A failed call (the bounded wait's error, a
+lost CUDA context) ends the soak at once with its report. The goal of issue
+12: at least 2.2 million consecutive checked calls, no mismatch, no hang.
 
 Modes:
   jax       (2+ GPUs) jitted shard_map programs of --psums_per_program
