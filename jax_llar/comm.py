@@ -53,18 +53,25 @@ class CommSet:
     once (later calls return at once).
 
     Raises:
-      CommError: CUDA or NCCL refused (out of memory, ...); the region stays
-        absent and a later call tries again.
+      CommError: CUDA or NCCL refused (out of memory, ...); what was
+        allocated is freed, the region stays absent, and the failure is
+        remembered: later calls for this set and algorithm raise it again at
+        once (every psum lowered afterwards falls back with its reason)
+        instead of allocating again.
     """
     mod = _ext.load()
     if mod is None:
       raise CommError(_ext.reason() or "extension unavailable")
     with _lock:
+      failed = _region_failures.get((self.comm_id, int(algorithm)))
+      if failed is not None:
+        raise CommError(failed)
       if int(algorithm) in self._regions():
         return
       try:
         mod.ensure_region(self.comm_id, int(algorithm))
       except RuntimeError as e:
+        _region_failures[(self.comm_id, int(algorithm))] = str(e)
         raise CommError(str(e)) from None
 
   def _regions(self) -> tuple[int, ...]:
@@ -85,6 +92,8 @@ class CommSet:
 
 _lock = threading.Lock()
 _sets: dict[tuple[tuple[int, ...], ...], CommSet | CommError] = {}
+# (comm id, FFI id of the algorithm) -> why its region could not be allocated.
+_region_failures: dict[tuple[int, int], str] = {}
 
 
 def get_or_create(groups: Sequence[Sequence[int]]) -> CommSet:

@@ -389,15 +389,21 @@ def test_decide_gpu_environment_refusals(fake_extension, monkeypatch):
   assert d.detail.startswith("not peers")
   assert "NVLink peers" in d.detail and "one_shot_ll" in d.detail
   # The set exists but its region cannot be allocated (out of memory):
-  # refused the same way, and a later lowering tries again.
+  # refused the same way, and remembered (no allocation per later lowering).
   refusing = FakeExtension()
   refusing.refuse_region = "ncclMemAlloc: out of memory"
   monkeypatch.setattr(_ext, "_module", refusing)
   monkeypatch.setattr(comm, "_sets", {})
+  monkeypatch.setattr(comm, "_region_failures", {})
   d = _decide(ctx, _aval((4,)), axes)
   assert (d.reason, d.comm_id) == ("communicator", 0)
   assert d.detail.startswith("ncclMemAlloc: out of memory")
-  refusing.refuse_region = None
+  refusing.refuse_region = None  # would succeed now, but the failure stands
+  d = _decide(ctx, _aval((4,)), axes)
+  assert (d.reason, d.fast) == ("communicator", False)
+  assert comm.comm_sets()[0].regions == ()
+  # A new process (here: the memo cleared) allocates it.
+  monkeypatch.setattr(comm, "_region_failures", {})
   d = _decide(ctx, _aval((4,)), axes)
   assert (d.reason, d.fast) == ("fast_path", True)
   assert comm.comm_sets()[0].regions == (ONE_SHOT_LL,)

@@ -36,6 +36,7 @@ struct Region {
   // handle (filled in by ncclDevCommCreate) and their device copy.
   NcclLLA2AComm lla2a{};
   NcclLLA2AComm* lla2a_device = nullptr;
+  bool lla2a_comm_created = false;  // lla2a.comm holds a device communicator
 };
 
 // Resources of one device of one communicator set. Never freed: a
@@ -224,6 +225,7 @@ void CreateLLA2AComms(std::vector<std::unique_ptr<DeviceResources>>& all, size_t
                 "ncclDevCommCreate (LL all-to-all)");
     }
   });
+  for (auto& r : regions) r->lla2a_comm_created = true;  // ReleaseUnpublished destroys them
   for (int i = 0; i < n; ++i) {
     Region& r = *regions[i];
     if (r.lla2a.comm.rank != i || r.lla2a.comm.lsaSize != n || r.lla2a.comm.lsaRank != i ||
@@ -252,15 +254,40 @@ void CreateLLA2AComms(std::vector<std::unique_ptr<DeviceResources>>& all, size_t
 // never a device-wide synchronisation, and the kernels were loaded when the
 // set was created. An LL all-to-all algorithm's region holds NCCL's buffer
 // (CreateLLA2AComms) instead of a symmetric window of ours.
+void BuildRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
+                  int64_t algorithm, std::vector<std::unique_ptr<Region>>& regions);
+void ReleaseUnpublished(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first,
+                        std::vector<std::unique_ptr<Region>>& regions);
+
 void CreateRegion(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
                   int64_t algorithm) {
+  std::vector<std::unique_ptr<Region>> regions;
+  try {
+    BuildRegions(all, first, n, algorithm, regions);
+  } catch (...) {
+    ReleaseUnpublished(all, first, regions);
+    throw;
+  }
+  // Every device of the group is complete: publish.
+  for (int i = 0; i < n; ++i) {
+    DeviceResources& d = *all[first + i];
+    d.regions[algorithm] = std::move(regions[i]);
+    d.context.args[algorithm].store(&d.regions[algorithm]->args, std::memory_order_release);
+  }
+}
+
+// CreateRegion's work up to publication: fills `regions` (one per device of
+// the group, each pushed before its first allocation, so that a failure
+// leaves every allocation reachable for ReleaseUnpublished).
+void BuildRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
+                  int64_t algorithm, std::vector<std::unique_ptr<Region>>& regions) {
   const AlgorithmEntry& entry = kAlgorithms[algorithm];
   const uint64_t bytes = RegionBytes(static_cast<Algorithm>(algorithm), n);
   const bool lla2a = entry.lla2a_slots != nullptr;  // NCCL's buffer, no scratch of ours
-  std::vector<std::unique_ptr<Region>> regions;
   for (int i = 0; i < n; ++i) {
     DeviceResources& d = *all[first + i];
-    auto r = std::make_unique<Region>();
+    regions.push_back(std::make_unique<Region>());
+    Region* r = regions.back().get();
     r->bytes = bytes;
     CheckCuda(cudaSetDevice(d.context.ordinal), "cudaSetDevice");
     SetupStream setup;
@@ -271,7 +298,6 @@ void CreateRegion(std::vector<std::unique_ptr<DeviceResources>>& all, size_t fir
     }
     CheckCuda(cudaMalloc(&r->peers, sizeof(PeerTable)), "cudaMalloc(peer table)");
     CheckCuda(cudaStreamSynchronize(setup.stream), "cudaStreamSynchronize");
-    regions.push_back(std::move(r));
   }
   if (lla2a) {
     CreateLLA2AComms(all, first, n, algorithm, regions);
@@ -311,12 +337,47 @@ void CreateRegion(std::vector<std::unique_ptr<DeviceResources>>& all, size_t fir
     r.args.rank = static_cast<uint8_t>(d.context.rank);
     r.args.world = static_cast<uint8_t>(n);
   }
-  // Every device of the group is complete: publish.
-  for (int i = 0; i < n; ++i) {
-    DeviceResources& d = *all[first + i];
-    d.regions[algorithm] = std::move(regions[i]);
-    d.context.args[algorithm].store(&d.regions[algorithm]->args, std::memory_order_release);
+}
+
+// Frees what BuildRegions allocated for regions that were never published (a
+// failure part-way), so that a later EnsureRegion, which tries again, does
+// not leak a region per attempt. Best effort: errors are ignored and cleared.
+// Window deregistration and device-communicator destruction are collective,
+// grouped like their creation.
+void ReleaseUnpublished(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first,
+                        std::vector<std::unique_ptr<Region>>& regions) {
+  bool windows = false, lla2a = false;
+  for (const auto& r : regions) {
+    windows = windows || r->window != nullptr;
+    lla2a = lla2a || r->lla2a_device != nullptr || r->lla2a_comm_created;
   }
+  if (windows) {
+    (void)ncclGroupStart();
+    for (size_t i = 0; i < regions.size(); ++i) {
+      if (regions[i]->window != nullptr) {
+        (void)ncclCommWindowDeregister(all[first + i]->comm, regions[i]->window);
+      }
+    }
+    (void)ncclGroupEnd();
+  }
+  if (lla2a) {
+    (void)ncclGroupStart();
+    for (size_t i = 0; i < regions.size(); ++i) {
+      if (regions[i]->lla2a_comm_created) {
+        (void)ncclDevCommDestroy(all[first + i]->comm, &regions[i]->lla2a.comm);
+      }
+    }
+    (void)ncclGroupEnd();
+  }
+  for (size_t i = 0; i < regions.size(); ++i) {
+    Region& r = *regions[i];
+    if (cudaSetDevice(all[first + i]->context.ordinal) != cudaSuccess) continue;
+    if (r.scratch != nullptr) (void)ncclMemFree(r.scratch);
+    if (r.peers != nullptr) (void)cudaFree(r.peers);
+    if (r.lla2a_device != nullptr) (void)cudaFree(r.lla2a_device);
+  }
+  (void)cudaGetLastError();
+  regions.clear();
 }
 
 // Runs `preloads` on every device of `set`, ignoring their results
