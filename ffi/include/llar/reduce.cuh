@@ -38,7 +38,9 @@
 // without this rule the output's NaN bits would depend on the addends'
 // payloads and on code generation, and differ between algorithms that add
 // the same values in the same order (benchmarks/NOTES.md, entry 36). With it
-// every algorithm's output is one bit pattern per input, NaNs included.
+// every algorithm's output is one bit pattern per input, NaNs included. That
+// holds among jax_llar's algorithms only: a psum that falls back to lax.psum
+// (above a threshold, another dtype) gets NCCL's NaN bits.
 #ifndef LLAR_REDUCE_CUH_
 #define LLAR_REDUCE_CUH_
 
