@@ -10,7 +10,9 @@ nvidia-nccl wheel's), and afterwards we check:
     compiled against, at the same or a later patch level (the device code
     reads NCCL's window and device-communicator structs with that layout);
   - that the extension's algorithm ids and limits (``ALGORITHMS``,
-    ``MAX_BYTES``, ``MAX_RANKS``) equal ``jax_llar.algorithms``'.
+    ``MAX_BYTES``, ``MAX_RANKS``), the signed algorithms (``SIGNED``) and
+    the signature's width (``SIGNATURE_BITS``) equal ``jax_llar.algorithms``'
+    and ``jax_llar.signature``'s.
 Either failure leaves the fast path inactive, with the reason in `reason()`.
 A working extension with a (jax, NCCL) pair that was never tested on GPUs is
 used, and a warning says so once.
@@ -33,7 +35,7 @@ from typing import Any
 
 import jax
 
-from jax_llar import algorithms, log
+from jax_llar import algorithms, log, signature
 
 TARGET_ALL_REDUCE = "jax_llar_all_reduce"
 
@@ -137,13 +139,19 @@ def constants_mismatch(mod: Any) -> str | None:
       "FUSED_MAX_BYTES": algorithms.FUSED_MAX_BYTES,
       "FUSED_BLOCK_LINES": algorithms.FUSED_BLOCK_LINES,
       "FUSED_MAX_CLUSTER_BLOCKS": algorithms.FUSED_MAX_CLUSTER_BLOCKS,
+      "SIGNED": sorted(a.short_name for a in algorithms.SIGNED),
+      "SIGNATURE_BITS": signature.SIGNATURE_BITS,
   }
   for name, value in want.items():
     got = getattr(mod, name, None)
     if got is None:
       return (f"the CUDA extension does not export {name}: it was built from "
               "other sources than this Python package; reinstall jax_llar")
-    if (dict(got) if isinstance(want[name], dict) else got) != value:
+    if isinstance(value, dict):
+      got = dict(got)
+    elif isinstance(value, list):
+      got = sorted(got)
+    if got != value:
       return (f"the CUDA extension's {name} is {got!r}, jax_llar.algorithms "
               f"says {value!r}: the extension was built from other sources "
               "than this Python package; reinstall jax_llar")
@@ -175,16 +183,14 @@ def _warn_if_untested(mod: Any) -> None:
 
 
 def _print_error_reports() -> None:
-  """At exit, says what any timed-out wait was waiting for (the XLA error
-  that failed the call cannot carry it)."""
+  """At exit, says what any failed wait was waiting for (the XLA error that
+  failed the call cannot carry it): a timeout, or a mispaired call's foreign
+  signature (``jax_llar.status.report_message``)."""
   if _module is None:
     return
+  from jax_llar.status import decode_report  # pylint: disable=g-import-not-at-top
   for r in _module.error_reports():
-    print(f"jax_llar: a bounded wait timed out after {r['waited_ns'] / 1e6:.0f} ms "
-          f"on CUDA device {r['device']}: rank {r['rank']} waited for rank "
-          f"{r['peer']}, block {r['block']}, line {r['line']}, epoch {r['epoch']} "
-          f"(flag {r['flag_expected']} expected, saw {r['flag_seen']})",
-          file=sys.stderr)
+    print(decode_report(r)["message"], file=sys.stderr)
 
 
 def load(*, quiet: bool = False) -> Any | None:

@@ -145,6 +145,21 @@ MAX_BYTES: dict[Algorithm, int] = {
     Algorithm.TWO_SHOT_LL128: 4 * 1024 * 1024,
 }
 
+# The algorithms whose lines carry the call's signature
+# (``jax_llar.signature``; ffi/include/llar/args.h: CarriesSignature, the
+# extension's SIGNED): a call mispaired with another call of another
+# signature ends in the foreign-signature error (``jax_llar.error_reports()``,
+# code 2) or the bounded wait's timeout, never in a wrong sum. The others
+# cannot carry one: ONE_SHOT_SENTINEL's lines are all payload (no flag word),
+# NCCL_LLA2A_ONE_SHOT's flags are NCCL's, TWO_SHOT_LL128_ATOMIC's
+# reduce-scatter adds into an accumulator (no line to check). A mispaired
+# call of an unsigned algorithm can be summed with another call's data, so
+# the tuning tables do not choose them unless told to
+# (``jax_llar.tuning.build_tables``, ``allow_unsigned``).
+SIGNED: frozenset[Algorithm] = frozenset({
+    Algorithm.ONE_SHOT_LL, Algorithm.TWO_SHOT_LL, Algorithm.ONE_SHOT_LL128,
+    Algorithm.TWO_SHOT_LL128})
+
 # The largest of MAX_BYTES: the cap of the JAX_LLAR_MAX_BYTES setting.
 LARGEST_MAX_BYTES = max(MAX_BYTES.values())
 

@@ -39,6 +39,10 @@ Environment variables:
                             written by ``python -m jax_llar.tools.tune``
                             (default ~/.cache/jax_llar/tuning); a table there
                             serves ahead of the shipped one.
+  JAX_LLAR_SIGNATURES=0     turn the call signatures off (default on): every
+                            fast-path call then carries signature 0, so a
+                            mispaired call of a signed algorithm is no longer
+                            detected (``jax_llar.signature``).
 """
 
 from __future__ import annotations
@@ -65,13 +69,15 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
 
 
-def env_bool(name: str) -> bool:
-  """The boolean environment variable `name` (unset: False).
+def env_bool(name: str, default: bool = False) -> bool:
+  """The boolean environment variable `name` (unset or empty: `default`).
 
   Raises:
     ValueError: a value other than 1/true/yes/on, 0/false/no/off or empty.
   """
   raw = os.environ.get(name, "").strip().lower()
+  if raw == "":
+    return default
   if raw in _TRUE:
     return True
   if raw in _FALSE:
@@ -106,6 +112,10 @@ class Settings:
     tuning_file: path of a tuning table that serves its architecture and
       number of ranks ahead of every other table, or "" (none).
     tuning_dir: directory of this machine's tuning tables (``~`` allowed).
+    signatures: True (default): every fast-path call carries its call
+      signature (``jax_llar.signature``), so that a mispaired call of a
+      signed algorithm ends in an error, never in a wrong sum; False: every
+      call carries 0.
 
   Raises:
     ValueError: on assignment of an out-of-range value.
@@ -116,6 +126,7 @@ class Settings:
   algorithm: str = "auto"
   tuning_file: str = ""
   tuning_dir: str = DEFAULT_TUNING_DIR
+  signatures: bool = True
 
   def __setattr__(self, name, value):
     if name == "algorithm":
@@ -136,9 +147,9 @@ class Settings:
       value = os.fspath(value)
     if name == "tuning_dir" and not value:
       raise ValueError("tuning_dir must not be empty")
-    if name == "disabled":
+    if name in ("disabled", "signatures"):
       if not isinstance(value, (bool, numbers.Integral)):
-        raise ValueError(f"disabled must be a bool, got {value!r}")
+        raise ValueError(f"{name} must be a bool, got {value!r}")
       value = bool(value)
     super().__setattr__(name, value)
     # Every change is part of jit's cache keys: programs lowered before it
@@ -168,6 +179,7 @@ def _from_env() -> Settings:
         tuning_file=os.environ.get("JAX_LLAR_TUNING_FILE", "").strip(),
         tuning_dir=(os.environ.get("JAX_LLAR_TUNING_DIR", "").strip()
                     or DEFAULT_TUNING_DIR),
+        signatures=env_bool("JAX_LLAR_SIGNATURES", default=True),
     )
   except ValueError as e:
     raise ValueError(f"jax_llar settings from the environment: {e}") from None

@@ -34,7 +34,7 @@ import jax.extend.linear_util as lu
 import numpy as np
 from jax._src.lib.mlir import ir
 
-from jax_llar import algorithms, log, lowering
+from jax_llar import algorithms, log, lowering, signature
 from jax_llar import psum as psum_lib
 
 
@@ -214,13 +214,19 @@ def _lower_cuda(ctx, x, residual, weight, *, axes, eps):
 def _fused_call(ctx, x, residual, weight, decision: log.Decision, eps: float):
   name = lowering.op_name(decision).replace("jax_llar.one_shot_ll.",
                                             "jax_llar.one_shot_ll_add_rms_norm.")
+  # A signature of its own: the fused call shares the one-shot's epochs and
+  # scratch, so a mispairing with a one-shot call is detected too.
+  sig = signature.assign(ctx.module_context, name, ctx.traceback)
   loc = mlir.source_info_to_location(ctx.module_context, None,
                                      ctx.name_stack.extend(name), ctx.traceback)
   with ir.Location.name("jax_llar.one_shot_ll_add_rms_norm:", childLoc=loc):
     return jax.ffi.ffi_lowering(algorithms.FUSED_TARGET)(
         ctx, x, residual, weight, comm_id=np.int64(decision.comm_id),
-        comm_key=np.int64(decision.comm_key), eps=np.float32(eps))
+        comm_key=np.int64(decision.comm_key), eps=np.float32(eps),
+        signature=np.int64(sig))
 
 
-mlir.register_lowering(psum_add_rms_norm_p, _lower_default)
-mlir.register_lowering(psum_add_rms_norm_p, _lower_cuda, platform="cuda")
+# Not cached per module: every fused call gets an instruction, and so a call
+# signature, of its own (as the psum rules, jax_llar.lowering).
+mlir.register_lowering(psum_add_rms_norm_p, _lower_default, cacheable=False)
+mlir.register_lowering(psum_add_rms_norm_p, _lower_cuda, platform="cuda", cacheable=False)

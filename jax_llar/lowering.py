@@ -28,9 +28,12 @@ environment keeps the policy's choice as ``candidate``, so a decision taken
 on CPU says what CUDA GPUs that are NVLink peers would run.
 
 The fast path emits ``jax.ffi.ffi_lowering("jax_llar_all_reduce")`` with the
-static attributes ``comm_id``, ``comm_key`` and ``algorithm``, at a location
-whose name says jax_llar, the algorithm, dtype, bytes and number of ranks
-(the op name XLA's metadata and profiler traces show). Operands of one
+static attributes ``comm_id``, ``comm_key``, ``algorithm`` and ``signature``
+(the call's signature, ``jax_llar.signature.assign``: a hash of the module,
+the call's index in it, the op name and the call site; 0 with
+``JAX_LLAR_SIGNATURES=0``), at a location whose name says jax_llar, the
+algorithm, dtype, bytes and number of ranks (the op name XLA's metadata and
+profiler traces show). Operands of one
 psum equation that the policy refuses, and every other psum, lower through
 the wrapped rule, so their HLO is JAX's.
 
@@ -58,7 +61,7 @@ from jax._src.lax import parallel as lax_parallel
 from jax._src.lib.mlir import ir
 from jax._src.sharding_impls import SPMDAxisContext
 
-from jax_llar import _ext, comm, log, policy, swap, tuning
+from jax_llar import _ext, comm, log, policy, signature, swap, tuning
 from jax_llar.algorithms import MAX_BYTES
 from jax_llar.config import settings
 
@@ -309,8 +312,10 @@ def op_name(decision: log.Decision) -> str:
 
 
 def _fast_path_call(ctx, x, decision: log.Decision):
-  """The FFI call for one operand, at a location named by `op_name`."""
+  """The FFI call for one operand, at a location named by `op_name`, with
+  the call's signature (``jax_llar.signature.assign``)."""
   name = op_name(decision)
+  sig = signature.assign(ctx.module_context, name, ctx.traceback)
   loc = mlir.source_info_to_location(
       ctx.module_context, None, ctx.name_stack.extend(name), ctx.traceback)
   with ir.Location.name(f"jax_llar.{decision.algorithm.short_name}:",
@@ -318,7 +323,7 @@ def _fast_path_call(ctx, x, decision: log.Decision):
     return jax.ffi.ffi_lowering(_ext.TARGET_ALL_REDUCE)(
         ctx, x, comm_id=np.int64(decision.comm_id),
         comm_key=np.int64(decision.comm_key),
-        algorithm=np.int64(int(decision.algorithm)))
+        algorithm=np.int64(int(decision.algorithm)), signature=np.int64(sig))
 
 
 def _lower_requested(wrapped, platform: str, source: str, ctx, args, params):

@@ -180,6 +180,9 @@ class _Ext:
   FUSED_MAX_BYTES = 262144
   FUSED_BLOCK_LINES = 64
   FUSED_MAX_CLUSTER_BLOCKS = 8
+  # The signed algorithms in id order, as the extension lists them.
+  SIGNED = [a.short_name for a in sorted(algorithms.SIGNED)]
+  SIGNATURE_BITS = 16
 
   def __init__(self, nccl=22809):
     self.nccl = nccl
@@ -200,7 +203,9 @@ def test_constants_match_algorithms():
                     ("ALGORITHMS", {"one_shot_ll": 1, "two_shot": 2}),
                     ("MAX_BYTES", {"one_shot_ll": 131072}),
                     ("MAX_RANKS", 8), ("MAX_RANKS", None),
-                    ("FUSED_BLOCK_LINES", 128), ("FUSED_MAX_CLUSTER_BLOCKS", None)]:
+                    ("FUSED_BLOCK_LINES", 128), ("FUSED_MAX_CLUSTER_BLOCKS", None),
+                    ("SIGNED", ["one_shot_ll"]), ("SIGNED", None),
+                    ("SIGNATURE_BITS", 32)]:
     ext = _Ext()
     setattr(ext, name, bad)
     message = _ext.constants_mismatch(ext)

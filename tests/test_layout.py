@@ -235,6 +235,21 @@ def test_max_ranks_equals_cpp():
           == algorithms.MAX_BYTES[algorithms.Algorithm.ONE_SHOT_LL])
 
 
+def test_signed_algorithms_equal_cpp():
+  """algorithms.SIGNED lists exactly the algorithms args.h's CarriesSignature
+  returns true for, and the signature's width is args.h's kSignatureBits."""
+  args_h = _strip_c_comments((FFI / "include" / "llar" / "args.h").read_text())
+  body = re.search(r"constexpr bool CarriesSignature\(Algorithm algorithm\)\s*\{(.*?)\n\}",
+                   args_h, re.S)
+  assert body, "CarriesSignature not found in args.h"
+  signed = re.findall(r"case Algorithm::(k\w+):\s*return true;", body.group(1))
+  # Any other algorithm (a new one included) is unsigned.
+  assert re.search(r"default:\s*return false;", body.group(1)), body.group(1)
+  assert {_upper_snake(n) for n in signed} == {a.name for a in algorithms.SIGNED}
+  from jax_llar import signature  # pylint: disable=g-import-not-at-top
+  assert _evaluate("kSignatureBits", _constexpr_expressions()) == signature.SIGNATURE_BITS
+
+
 def test_cpp_parsing_helpers():
   assert _upper_snake("kOneShotLL") == "ONE_SHOT_LL"
   assert _upper_snake("kTwoShotLL128Atomic") == "TWO_SHOT_LL128_ATOMIC"

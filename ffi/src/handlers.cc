@@ -6,8 +6,10 @@
 //   instantiate  checks the static attributes once per executable: the
 //                communicator set exists in this process with the devices the
 //                program was lowered for, `algorithm` names an entry of the
-//                launcher table (kernels/kernels.h) and the set holds that
-//                algorithm's scratch region (registry.h: EnsureRegion).
+//                launcher table (kernels/kernels.h), the set holds that
+//                algorithm's scratch region (registry.h: EnsureRegion), and
+//                `signature` (the call's signature, the same on every rank,
+//                jax_llar/signature.py) fits its 16 bits (args.h).
 //   execute      launches one kernel on XLA's stream through that entry's
 //                launcher (or the device's diagnostic override of that
 //                algorithm, registry.h):
@@ -52,8 +54,19 @@ ffi::Error NoCommunicator(int64_t comm_id, int32_t ordinal) {
                                      " on CUDA device " + std::to_string(ordinal));
 }
 
+ffi::Error BadSignature(int64_t signature) {
+  return ffi::Error::InvalidArgument("jax_llar: call signature " + std::to_string(signature) +
+                                     " is outside 0.." +
+                                     std::to_string((1 << kSignatureBits) - 1));
+}
+
+bool SignatureFits(int64_t signature) {
+  return signature >= 0 && signature < (int64_t(1) << kSignatureBits);
+}
+
 ffi::Error AllReduceInstantiate(int64_t comm_id, int64_t comm_key,
-                                int64_t algorithm) {
+                                int64_t algorithm, int64_t signature) {
+  if (!SignatureFits(signature)) return BadSignature(signature);
   if (comm_id <= 0 || KeyOf(comm_id) != comm_key) {
     return ffi::Error::InvalidArgument(
         "jax_llar: communicator set " + std::to_string(comm_id) +
@@ -83,8 +96,9 @@ ffi::Error NoRegion(const AlgorithmEntry& entry, int64_t comm_id, int32_t ordina
 
 ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
                             ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
-                            int64_t comm_id, int64_t comm_key, int64_t algorithm) {
-  (void)comm_key;  // checked at instantiate
+                            int64_t comm_id, int64_t comm_key, int64_t algorithm,
+                            int64_t signature) {
+  (void)comm_key;  // checked at instantiate, as the signature's range
   const DeviceContext* ctx = Lookup(comm_id, ordinal);
   if (ctx == nullptr) return NoCommunicator(comm_id, ordinal);
   const AlgorithmEntry* entry = FindAlgorithm(algorithm);  // instantiate checked it
@@ -108,6 +122,7 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
   a.in = x.untyped_data();
   a.out = y->untyped_data();
   a.n_bytes = static_cast<uint32_t>(x.size_bytes());  // <= max_bytes, checked above
+  a.signature = static_cast<uint32_t>(signature);
   Launcher launch = ctx->launcher_override[algorithm].load(std::memory_order_relaxed);
   if (launch == nullptr) launch = entry->launch;
   const cudaError_t e = launch(a, dtype, stream);
@@ -124,10 +139,11 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
 // communicator set as the all-reduce's does; execute checks dtypes, shapes
 // and the grid rule (a refusal is an error: the lowering decides, from the
 // same rule, where the fused call is emitted) and launches.
-ffi::Error AddRmsNormInstantiate(int64_t comm_id, int64_t comm_key, float eps) {
+ffi::Error AddRmsNormInstantiate(int64_t comm_id, int64_t comm_key, float eps,
+                                 int64_t signature) {
   (void)eps;
   return AllReduceInstantiate(comm_id, comm_key,
-                              static_cast<int64_t>(Algorithm::kOneShotLL));
+                              static_cast<int64_t>(Algorithm::kOneShotLL), signature);
 }
 
 bool SameShape(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
@@ -144,8 +160,8 @@ ffi::Error AddRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffe
                              ffi::AnyBuffer residual, ffi::AnyBuffer weight,
                              ffi::Result<ffi::AnyBuffer> normed,
                              ffi::Result<ffi::AnyBuffer> new_residual, int64_t comm_id,
-                             int64_t comm_key, float eps) {
-  (void)comm_key;  // checked at instantiate
+                             int64_t comm_key, float eps, int64_t signature) {
+  (void)comm_key;  // checked at instantiate, as the signature's range
   const DeviceContext* ctx = Lookup(comm_id, ordinal);
   if (ctx == nullptr) return NoCommunicator(comm_id, ordinal);
   DType dtype, weight_dtype;
@@ -183,6 +199,7 @@ ffi::Error AddRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffe
   a.all_reduce = *base;
   a.all_reduce.in = x.untyped_data();
   a.all_reduce.out = normed->untyped_data();
+  a.all_reduce.signature = static_cast<uint32_t>(signature);
   a.residual = residual.untyped_data();
   a.weight = weight.untyped_data();
   a.new_residual = new_residual->untyped_data();
@@ -203,7 +220,8 @@ XLA_FFI_DEFINE_HANDLER(kAllReduceInstantiate, AllReduceInstantiate,
                        ffi::Ffi::BindInstantiate()
                            .Attr<int64_t>("comm_id")
                            .Attr<int64_t>("comm_key")
-                           .Attr<int64_t>("algorithm"));
+                           .Attr<int64_t>("algorithm")
+                           .Attr<int64_t>("signature"));
 
 XLA_FFI_DEFINE_HANDLER(kAllReduceExecute, AllReduceExecute,
                        ffi::Ffi::Bind()
@@ -213,14 +231,16 @@ XLA_FFI_DEFINE_HANDLER(kAllReduceExecute, AllReduceExecute,
                            .Ret<ffi::AnyBuffer>()
                            .Attr<int64_t>("comm_id")
                            .Attr<int64_t>("comm_key")
-                           .Attr<int64_t>("algorithm"),
+                           .Attr<int64_t>("algorithm")
+                           .Attr<int64_t>("signature"),
                        {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER(kAddRmsNormInstantiate, AddRmsNormInstantiate,
                        ffi::Ffi::BindInstantiate()
                            .Attr<int64_t>("comm_id")
                            .Attr<int64_t>("comm_key")
-                           .Attr<float>("eps"));
+                           .Attr<float>("eps")
+                           .Attr<int64_t>("signature"));
 
 XLA_FFI_DEFINE_HANDLER(kAddRmsNormExecute, AddRmsNormExecute,
                        ffi::Ffi::Bind()
@@ -233,7 +253,8 @@ XLA_FFI_DEFINE_HANDLER(kAddRmsNormExecute, AddRmsNormExecute,
                            .Ret<ffi::AnyBuffer>()   // new_residual
                            .Attr<int64_t>("comm_id")
                            .Attr<int64_t>("comm_key")
-                           .Attr<float>("eps"),
+                           .Attr<float>("eps")
+                           .Attr<int64_t>("signature"),
                        {ffi::Traits::kCmdBufferCompatible});
 
 AllReduceHandlers GetAddRmsNormHandlers() {

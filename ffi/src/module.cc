@@ -85,10 +85,14 @@ NB_MODULE(_llar, m) {
       d["flag_expected"] = r.record.flag_expected;
       d["flag_seen"] = nb::make_tuple(r.record.flag_seen, r.record.flag_seen2);
       d["waited_ns"] = r.record.waited_ns;
+      d["signature_expected"] = r.record.signature_expected;
+      d["signature_seen"] = r.record.signature_seen;
+      d["flag_epoch_bits"] = r.record.flag_epoch_bits;
       out.append(d);
     }
     return out;
-  }, "Timeout reports written by bounded waits (host-mapped, survive a trap).");
+  }, "Reports written by bounded waits (host-mapped, survive a trap): code 1, a "
+     "timeout; code 2, a line of another call's signature (args.h: ErrorRecord).");
 
   m.def("nccl_runtime_version", &llar::NcclRuntimeVersion);
   m.def("nccl_compiled_version", &llar::NcclCompiledVersion);
@@ -98,13 +102,19 @@ NB_MODULE(_llar, m) {
   // The algorithms (kernels/kernels.h): name -> FFI id, name -> largest
   // payload per rank in bytes.
   nb::dict algorithms, max_bytes;
+  nb::list signed_algorithms;
   for (int64_t id = 1; id < llar::kAlgorithmCount; ++id) {
     const llar::AlgorithmEntry& e = llar::kAlgorithms[id];
     algorithms[e.name] = id;
     max_bytes[e.name] = e.max_bytes;
+    if (llar::CarriesSignature(static_cast<llar::Algorithm>(id))) signed_algorithms.append(e.name);
   }
   m.attr("ALGORITHMS") = algorithms;
   m.attr("MAX_BYTES") = max_bytes;
+  // The algorithms whose lines carry the call's signature (args.h:
+  // CarriesSignature), in id order; and the signature's width.
+  m.attr("SIGNED") = signed_algorithms;
+  m.attr("SIGNATURE_BITS") = llar::kSignatureBits;
   m.attr("MAX_RANKS") = llar::kMaxRanks;
 
   // The fused all-reduce + residual add + RMSNorm (jax_llar_all_reduce_add_rms_norm):

@@ -86,9 +86,12 @@ Kind ParseSpec(const KernelBenchSpec& spec, OneShotPlan* plan) {
   } else if (spec.variant == "traced") {
     plan->diagnostic = true;
     plan->variant = DiagVariant::kTraced;
+  } else if (spec.variant == "unsigned") {
+    plan->diagnostic = true;
+    plan->variant = DiagVariant::kUnsigned;
   } else {
     BadArgument("unknown variant '" + spec.variant +
-                "' ('', loopback, send_loopback or traced)");
+                "' ('', loopback, send_loopback, traced or unsigned)");
   }
   return kind;
 }
@@ -115,6 +118,9 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const KernelBenchSpec& spec, D
     BadArgument("unknown dtype code " + std::to_string(static_cast<int>(dtype)));
   }
   if (iters < 1 || reps < 1) BadArgument("iters and reps must be positive");
+  if (spec.signature >= (uint32_t(1) << kSignatureBits)) {
+    BadArgument("signature must be below 2^" + std::to_string(kSignatureBits));
+  }
   if (MembersOf(comm_id).empty()) {
     BadArgument("unknown communicator set " + std::to_string(comm_id));
   }
@@ -187,6 +193,7 @@ KernelBenchResult RunKernelBench(int64_t comm_id, const KernelBenchSpec& spec, D
       a.in = ranks[r].in;
       a.out = ranks[r].out;
       a.n_bytes = static_cast<uint32_t>(bytes);
+      a.signature = spec.signature;
       if (!diag_tables.empty()) a.peers = diag_tables[r];
       cudaError_t e;
       if (plan.algorithm != kOneShot) {

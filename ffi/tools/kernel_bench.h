@@ -19,10 +19,14 @@ struct KernelBenchSpec {
   // set's region for it, allocated if absent), "copy" (the copy kernel,
   // copy.h) or "nccl" (ncclAllReduce, sum, on the set's communicator).
   std::string kind;
-  // one_shot_ll only: "" (the all-reduce), "loopback", "send_loopback" or
+  // one_shot_ll only: "" (the all-reduce), "loopback", "send_loopback",
   // "traced" (one_shot_ll_diag.h; the traced variant's pointer is null unless
-  // the set's call trace is on).
+  // the set's call trace is on) or "unsigned" (compiled without call
+  // signatures: the baseline of what they cost).
   std::string variant;
+  // AllReduceArgs::signature of every call (the same on every rank), below
+  // 2^kSignatureBits; 0 turns the check off at run time (the same code runs).
+  uint32_t signature = 0;
   bool generic = false;      // one_shot_ll only: the run-time world-size kernel
   uint32_t block_lines = 0;  // one_shot_ll only: grid rule's lines per block
                              // (0: the production rule, else 1..kLinesPerBlock)

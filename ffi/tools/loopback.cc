@@ -53,6 +53,10 @@ bool OneShotOptionsApply(const LoopbackSpec& s) {
   return s.algorithm == static_cast<int64_t>(Algorithm::kOneShotLL) || IsSentinel(s);
 }
 
+bool SignatureFault(const LoopbackSpec& s) {
+  return s.extra_call_rank >= 0 || s.swap_signature_rank >= 0;
+}
+
 // The grid-independent checks of a spec; returns the algorithm's entry.
 const AlgorithmEntry& Validate(const LoopbackSpec& s, int n_sets) {
   const AlgorithmEntry* entry = FindAlgorithm(s.algorithm);
@@ -99,11 +103,33 @@ const AlgorithmEntry& Validate(const LoopbackSpec& s, int n_sets) {
   if (s.skip_rank >= 0 && (s.skip_call < 0 || s.skip_call >= s.calls)) {
     BadArgument("skip_call must be one of the calls");
   }
+  if (s.extra_call_rank >= s.world || s.extra_call_rank < -1 ||
+      s.swap_signature_rank >= s.world || s.swap_signature_rank < -1) {
+    BadArgument("extra_call_rank and swap_signature_rank must be -1 or a rank");
+  }
+  if ((s.skip_rank >= 0) + (s.extra_call_rank >= 0) + (s.swap_signature_rank >= 0) > 1) {
+    BadArgument("one fault at a time: skip_rank, extra_call_rank or swap_signature_rank");
+  }
+  if (s.signature_seed > 65535u) BadArgument("signature_seed must be 0-65535");
+  if (SignatureFault(s)) {
+    if (!CarriesSignature(static_cast<Algorithm>(s.algorithm))) {
+      BadArgument(std::string(entry->name) +
+                  " carries no call signature (args.h: CarriesSignature), so a signature "
+                  "fault cannot be detected");
+    }
+    if (!s.signed_calls) BadArgument("a signature fault needs signed calls");
+    if (s.fault_call < 0 || s.fault_call >= s.calls) {
+      BadArgument("fault_call must be one of the calls");
+    }
+  }
   if (n_sets < 1) BadArgument("need at least one input set");
   return *entry;
 }
 
-int CallsToRun(const LoopbackSpec& s) { return s.skip_rank >= 0 ? s.skip_call + 1 : s.calls; }
+int CallsToRun(const LoopbackSpec& s) {
+  if (s.skip_rank >= 0) return s.skip_call + 1;
+  return SignatureFault(s) ? s.fault_call + 1 : s.calls;
+}
 int KeptCalls(const LoopbackSpec& s) {
   const int run = CallsToRun(s);
   const int keep = s.keep == 0 ? s.calls : s.keep;
@@ -231,11 +257,20 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
   Clock::time_point last_launch = t0;
   cudaError_t launch_error = cudaSuccess;
   cudaError_t error = cudaSuccess;
+  auto launch = [&](const AllReduceArgs& a, int r) {
+    return production ? entry.launch(a, s.dtype, rs.streams[r])
+           : IsSentinel(s) ? LaunchOneShotSentinelWith(a, s.dtype, rs.streams[r], options)
+                           : LaunchOneShotLLWith(a, s.dtype, rs.streams[r], options);
+  };
   for (int c = 0; c < run_calls && error == cudaSuccess && launch_error == cudaSuccess; ++c) {
     const size_t set = static_cast<size_t>(c % n_sets);
     const size_t out_row = c >= res.first_kept_call
                                ? static_cast<size_t>(c - res.first_kept_call)
                                : static_cast<size_t>(res.kept);
+    const uint32_t signature = s.signed_calls ? LoopbackSignature(s.signature_seed, c) : 0u;
+    res.signatures.push_back(signature);
+    const bool fault = SignatureFault(s) && c == s.fault_call;
+    if (fault) res.fault_signature = OtherSignature(signature);
     for (int r = 0; r < W; ++r) {
       if (c == s.skip_call && r == s.skip_rank) continue;
       AllReduceArgs a{};
@@ -246,10 +281,18 @@ LoopbackResult RunLoopback(const LoopbackSpec& s, const uint8_t* inputs, int n_s
       a.n_bytes = s.n_bytes;
       a.rank = static_cast<uint8_t>(r);
       a.world = static_cast<uint8_t>(W);
-      launch_error = production ? entry.launch(a, s.dtype, rs.streams[r])
-                     : IsSentinel(s)
-                         ? LaunchOneShotSentinelWith(a, s.dtype, rs.streams[r], options)
-                         : LaunchOneShotLLWith(a, s.dtype, rs.streams[r], options);
+      a.signature = signature;
+      if (fault && r == s.swap_signature_rank) a.signature = res.fault_signature;
+      if (fault && r == s.extra_call_rank) {
+        // The extra call: this call's inputs, another signature, the output
+        // row of discarded calls; the rank's call `c` follows it.
+        AllReduceArgs extra = a;
+        extra.signature = res.fault_signature;
+        extra.out = d_outputs + (static_cast<size_t>(res.kept) * W + r) * stride + s.misalign;
+        launch_error = launch(extra, r);
+        if (launch_error != cudaSuccess) break;
+      }
+      launch_error = launch(a, r);
       if (launch_error != cudaSuccess) break;
     }
     last_launch = Clock::now();

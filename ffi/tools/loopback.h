@@ -22,7 +22,11 @@
 // scratch parity over consecutive calls, the re-zeroing window, the
 // rank-order reduction, the bounded wait and its report) for any world size
 // 2..kMaxRanks, the kernels specialised for 2, 4 and 8 ranks and the
-// run-time-world one. What it does not test: NVLink (every store is local,
+// run-time-world one. Every call carries a signature of its own
+// (LoopbackSignature, as a program's call sites do), so the runs also show
+// that correctly paired calls never see a foreign line; two fault modes pair
+// a call with one of another signature (extra_call_rank, swap_signature_rank)
+// and must end in the foreign-signature report (ErrorRecord code 2). What it does not test: NVLink (every store is local,
 // so neither the ordering of remote stores nor any speed is exercised), NCCL
 // windows, XLA or CUDA graphs.
 //
@@ -40,7 +44,8 @@
 // cudaStreamQuery until a deadline of twice the kernel timeout plus
 // kHostMarginNs after the last launch, and reports instead of hanging. A
 // timed-out kernel traps and loses the CUDA context of the process (wait.cuh),
-// so a run that is meant to fail (skip_rank) belongs in a child process.
+// so a run that is meant to fail (skip_rank, extra_call_rank,
+// swap_signature_rank) belongs in a child process.
 #ifndef LLAR_TOOLS_LOOPBACK_H_
 #define LLAR_TOOLS_LOOPBACK_H_
 
@@ -100,6 +105,19 @@ struct SimulatedRanks {
 // "cudaErrorX: description".
 std::string CudaErrorText(cudaError_t e);
 
+// The signature the harness gives call `call` (AllReduceArgs::signature):
+// 1 + (seed + call) mod 65535, never 0, and different for consecutive calls
+// (jax_llar.tools.loopback_harness.call_signature is the same rule).
+constexpr uint32_t LoopbackSignature(uint32_t seed, int call) {
+  return 1u + static_cast<uint32_t>((uint64_t(seed) + uint64_t(call)) % 65535u);
+}
+
+// A nonzero signature other than the nonzero `signature`: the fault modes'
+// (jax_llar.tools.loopback_harness.other_signature).
+constexpr uint32_t OtherSignature(uint32_t signature) {
+  return 1u + (signature - 1u + 32768u) % 65535u;
+}
+
 struct LoopbackSpec {
   int32_t ordinal = 0;          // CUDA device
   int world = 2;                // simulated ranks, 2..kMaxRanks
@@ -116,8 +134,10 @@ struct LoopbackSpec {
                                 // (1..calls; 0: all); earlier calls write a
                                 // discarded buffer
   uint64_t start_epoch = 0;     // every epoch counter starts here (as
-                                // SetEpochForTesting), e.g. just below the
-                                // re-zeroing window or the 32-bit flag wrap
+                                // SetEpochForTesting), e.g. just below a
+                                // re-zeroing window (epoch.cuh) or the flags'
+                                // epoch period (2^16 in LL lines, 2^32 in
+                                // LL128 lines)
   uint32_t misalign = 0;        // bytes (0..15) added to the input and output
                                 // addresses: buffers misaligned for a
                                 // kernel's vector accesses (8 bytes for LL
@@ -125,6 +145,18 @@ struct LoopbackSpec {
                                 // byte-wise path
   int skip_rank = -1;           // fault: this rank's kernel is not launched on
   int skip_call = 0;            // call skip_call, and no call follows it
+  bool signed_calls = true;     // call c carries LoopbackSignature(signature_seed,
+  uint32_t signature_seed = 0;  // c); false: every call carries 0 (signatures off)
+  // Signature faults (algorithms that CarriesSignature, signed_calls; one
+  // fault at a time): on call fault_call, and no call follows it,
+  int extra_call_rank = -1;     // this rank first runs one extra call (its
+                                // inputs of that call, output discarded) with
+                                // OtherSignature of the call's signature: the
+                                // ranks are paired off by one from there
+  int swap_signature_rank = -1; // this rank's call carries OtherSignature of
+                                // the call's signature (two programs
+                                // interleaved differently on its GPU)
+  int fault_call = 0;
 };
 
 // The grid of one rank and whether all ranks' grids fit on the device at once.
@@ -162,6 +194,8 @@ struct LoopbackResult {
   std::string epoch_mismatch;
   bool epochs_checked = false;
   std::string max_connections;  // CUDA_DEVICE_MAX_CONNECTIONS ("" if unset)
+  std::vector<uint32_t> signatures;  // call c's signature, for every call run
+  uint32_t fault_signature = 0;      // a signature fault's other signature, else 0
 };
 
 // Throws std::invalid_argument for a spec outside the limits above and

@@ -188,6 +188,7 @@ FusedLoopbackResult RunFusedLoopback(const FusedLoopbackSpec& s, const std::vect
         a.in = d_x + r * n_bytes;
         a.out = d_all_reduce + r * n_bytes;
         a.n_bytes = static_cast<uint32_t>(n_bytes);
+        a.signature = LoopbackSignature(0, 2 * c);  // a call site of its own
         launch_error = LaunchOneShotLL(a, s.dtype, rs.streams[r]);
         if (launch_error != cudaSuccess) break;
       }
@@ -195,6 +196,7 @@ FusedLoopbackResult RunFusedLoopback(const FusedLoopbackSpec& s, const std::vect
       f.all_reduce = base;
       f.all_reduce.in = d_x + r * n_bytes;
       f.all_reduce.out = d_normed + r * n_bytes;
+      f.all_reduce.signature = LoopbackSignature(0, 2 * c + 1);
       f.residual = d_residual;
       f.weight = d_weight;
       f.new_residual = d_new_residual + r * n_bytes;

@@ -8,8 +8,10 @@
 // launches the production launcher LaunchOneShotLLAddRmsNorm once per rank;
 // with `interleave`, a one-shot LL all-reduce of x (the production launcher,
 // its own grid) runs between two fused calls, so the two kernels share the
-// epoch counters and the scratch as they do under XLA. Every rank reads the
-// same residual and weight (a tensor-parallel layer's replicated operands).
+// epoch counters and the scratch as they do under XLA, each with a call
+// signature of its own (LoopbackSignature of 2c and 2c + 1 for call c: two
+// call sites, as the lowering gives them). Every rank reads the same
+// residual and weight (a tensor-parallel layer's replicated operands).
 //
 // What it tests: the fused kernel's exchange (the one-shot protocol, over
 // consecutive calls, scratch parity, the re-zeroing window with

@@ -39,7 +39,9 @@ llar::LoopbackSpec MakeLoopbackSpec(int world, uint32_t n_bytes, int dtype, int 
                                     bool sync, int keep, int64_t algorithm, bool generic,
                                     uint32_t block_lines, double timeout_ms,
                                     uint64_t start_epoch, uint32_t misalign, int skip_rank,
-                                    int skip_call, int32_t ordinal) {
+                                    int skip_call, int32_t ordinal, bool signatures = true,
+                                    uint32_t signature_seed = 0, int extra_call_rank = -1,
+                                    int swap_signature_rank = -1, int fault_call = 0) {
   llar::LoopbackSpec s;
   s.ordinal = ordinal;
   s.world = world;
@@ -59,6 +61,11 @@ llar::LoopbackSpec MakeLoopbackSpec(int world, uint32_t n_bytes, int dtype, int 
   s.misalign = misalign;
   s.skip_rank = skip_rank;
   s.skip_call = skip_call;
+  s.signed_calls = signatures;
+  s.signature_seed = signature_seed;
+  s.extra_call_rank = extra_call_rank;
+  s.swap_signature_rank = swap_signature_rank;
+  s.fault_call = fault_call;
   return s;
 }
 
@@ -89,6 +96,9 @@ nb::dict RecordDict(const llar::ErrorRecord& r) {
   d["flag_seen2"] = r.flag_seen2;
   d["epoch"] = r.epoch;
   d["waited_ns"] = r.waited_ns;
+  d["signature_expected"] = r.signature_expected;
+  d["signature_seen"] = r.signature_seen;
+  d["flag_epoch_bits"] = r.flag_epoch_bits;
   return d;
 }
 
@@ -125,7 +135,7 @@ NB_MODULE(_llar_tools, m) {
       "kernel_bench",
       [](int64_t comm_id, const std::string& kind, int dtype,
          const std::vector<nb::bytes>& inputs, int iters, int reps,
-         const std::string& variant, bool generic, uint32_t block_lines) {
+         const std::string& variant, bool generic, uint32_t block_lines, uint32_t signature) {
         std::vector<std::vector<uint8_t>> in;
         for (const auto& b : inputs) {
           const auto* p = static_cast<const uint8_t*>(b.data());
@@ -136,6 +146,7 @@ NB_MODULE(_llar_tools, m) {
         spec.variant = variant;
         spec.generic = generic;
         spec.block_lines = block_lines;
+        spec.signature = signature;
         llar::KernelBenchResult r;
         {
           nb::gil_scoped_release release;
@@ -150,12 +161,14 @@ NB_MODULE(_llar_tools, m) {
       },
       nb::arg("comm_id"), nb::arg("kind"), nb::arg("dtype"), nb::arg("inputs"),
       nb::arg("iters"), nb::arg("reps"), nb::arg("variant") = "",
-      nb::arg("generic") = false, nb::arg("block_lines") = 0,
+      nb::arg("generic") = false, nb::arg("block_lines") = 0, nb::arg("signature") = 0,
       "Kernel-level benchmark on group 0 of a communicator set: "
-      "(us per call [rep][rank], outputs per rank as bytes). kind: one_shot_ll, "
-      "copy or nccl; dtype: a DTYPE_CODES value; variant (one_shot_ll): '', "
-      "loopback, send_loopback or traced; generic: the run-time world-size "
-      "kernel; block_lines: the grid rule's lines per block (0: production). "
+      "(us per call [rep][rank], outputs per rank as bytes). kind: an algorithm's "
+      "name, copy or nccl; dtype: a DTYPE_CODES value; variant (one_shot_ll): '', "
+      "loopback, send_loopback, traced or unsigned (compiled without call "
+      "signatures); generic: the run-time world-size kernel; block_lines: the grid "
+      "rule's lines per block (0: production); signature: every call's signature "
+      "(0-65535; 0: the check off at run time). "
       "ValueError for bad arguments, RuntimeError for CUDA/NCCL failures.");
 
   m.def(
@@ -308,7 +321,8 @@ NB_MODULE(_llar_tools, m) {
       [](LoopbackInputs inputs, int dtype, int calls, bool sync, int keep,
          int64_t algorithm, bool generic, uint32_t block_lines, double timeout_ms,
          uint64_t start_epoch, uint32_t misalign, int skip_rank, int skip_call,
-         int32_t ordinal) {
+         int32_t ordinal, bool signatures, uint32_t signature_seed, int extra_call_rank,
+         int swap_signature_rank, int fault_call) {
         const size_t n_sets = inputs.shape(0);
         const size_t world = inputs.shape(1);
         const size_t n_bytes = inputs.shape(2) * inputs.itemsize();
@@ -320,7 +334,8 @@ NB_MODULE(_llar_tools, m) {
         const llar::LoopbackSpec s = MakeLoopbackSpec(
             static_cast<int>(world), static_cast<uint32_t>(n_bytes), dtype, calls, sync, keep,
             algorithm, generic, block_lines, timeout_ms, start_epoch, misalign, skip_rank,
-            skip_call, ordinal);
+            skip_call, ordinal, signatures, signature_seed, extra_call_rank,
+            swap_signature_rank, fault_call);
         const auto* data = static_cast<const uint8_t*>(inputs.data());
         llar::LoopbackResult r;
         {
@@ -352,6 +367,8 @@ NB_MODULE(_llar_tools, m) {
         d["max_connections"] =
             r.max_connections.empty() ? nb::none() : nb::cast(r.max_connections);
         d["plan"] = PlanDict(r.plan);
+        d["signatures"] = r.signatures;
+        d["fault_signature"] = r.fault_signature;
         return d;
       },
       nb::arg("inputs"), nb::arg("dtype"), nb::arg("calls"), nb::arg("sync") = true,
@@ -359,7 +376,9 @@ NB_MODULE(_llar_tools, m) {
       nb::arg("algorithm") = static_cast<int64_t>(llar::Algorithm::kOneShotLL),
       nb::arg("generic") = false, nb::arg("block_lines") = 0, nb::arg("timeout_ms") = 2000.0,
       nb::arg("start_epoch") = 0, nb::arg("misalign") = 0, nb::arg("skip_rank") = -1,
-      nb::arg("skip_call") = 0, nb::arg("ordinal") = 0,
+      nb::arg("skip_call") = 0, nb::arg("ordinal") = 0, nb::arg("signatures") = true,
+      nb::arg("signature_seed") = 0, nb::arg("extra_call_rank") = -1,
+      nb::arg("swap_signature_rank") = -1, nb::arg("fault_call") = 0,
       "Loopback harness (loopback.h): `world` ranks simulated on one GPU. "
       "inputs: C-contiguous (n_sets, world, n) array of any element type (its "
       "bytes are the payload; pass bfloat16 as a uint16 view); call c uses set "
@@ -373,7 +392,13 @@ NB_MODULE(_llar_tools, m) {
       "once per call), max_connections (CUDA_DEVICE_MAX_CONNECTIONS) and plan "
       "(loopback_plan). skip_rank >= 0 leaves that rank's kernel out of call "
       "skip_call and stops there: the others' bounded waits trap and the CUDA "
-      "context of the process is lost, so run it in a child process. "
+      "context of the process is lost, so run it in a child process. Call c "
+      "carries the signature 1 + (signature_seed + c) % 65535 (signatures=False: "
+      "0), returned as signatures; extra_call_rank >= 0 makes that rank run one "
+      "extra call of another signature (fault_signature) before call fault_call, "
+      "swap_signature_rank >= 0 gives that rank's call fault_call that signature; "
+      "both stop after fault_call and must end in the foreign-signature report "
+      "(code 2), in a child process too. "
       "ValueError for a bad case (also when the ranks' grids do not fit on the "
       "device at once), RuntimeError for a CUDA failure while setting up.");
 

@@ -57,6 +57,19 @@ struct DropPeerWrites {
   __device__ __forceinline__ void End(const LLSession<kWorld>&) {}
 };
 
+// The production all-reduce on the session without signatures.
+struct Unsigned {
+  static constexpr bool kSigned = false;
+  __device__ __forceinline__ Unsigned(const AllReduceArgs&, int, int) {}
+  template <int kWorld>
+  __device__ __forceinline__ void Send(LLSession<kWorld, false>& ll, bool active,
+                                       uint2 payload) {
+    ll.Send(active, payload);
+  }
+  template <int kWorld>
+  __device__ __forceinline__ void End(const LLSession<kWorld, false>&) {}
+};
+
 // One thread loads the trace pointer with the session's loads and reads the
 // clock once its lines are sent (benchmarks/NOTES.md, entries 5, 8 and 9).
 struct Traced {
@@ -92,6 +105,7 @@ using LoopbackKernels = OneShotLLKernels<Loopback, 2>;
 using SendLoopbackKernels = OneShotLLKernels<SendLoopback, 2>;
 using TracedKernels = OneShotLLKernels<Traced, 2, 4, 8>;
 using DropPeerWritesKernels = OneShotLLKernels<DropPeerWrites, 2>;
+using UnsignedKernels = OneShotLLKernels<Unsigned, 2, 4, 8>;
 
 }  // namespace
 
@@ -106,6 +120,8 @@ cudaError_t LaunchOneShotLLDiag(DiagVariant variant, AllReduceArgs args, DType d
       return TracedKernels::Launch(args, dtype, stream, options);
     case DiagVariant::kDropPeerWrites:
       return DropPeerWritesKernels::Launch(args, dtype, stream, options);
+    case DiagVariant::kUnsigned:
+      return UnsignedKernels::Launch(args, dtype, stream, options);
   }
   return cudaErrorInvalidValue;
 }
@@ -124,6 +140,7 @@ cudaError_t PreloadOneShotLLDiag() {
   if (e == cudaSuccess) e = SendLoopbackKernels::Preload();
   if (e == cudaSuccess) e = TracedKernels::Preload();
   if (e == cudaSuccess) e = DropPeerWritesKernels::Preload();
+  if (e == cudaSuccess) e = UnsignedKernels::Preload();
   return e;
 }
 

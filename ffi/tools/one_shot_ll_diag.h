@@ -31,11 +31,16 @@ enum class DiagVariant {
   // Test hook (F13): the all-reduce without its stores to peers; the peers'
   // bounded waits then time out and report this rank.
   kDropPeerWrites,
+  // The all-reduce compiled without call signatures (ll_session.cuh,
+  // kSigned false: the flag low32(E) | 1 and no foreign-line check): the
+  // kernel bench's baseline for what signatures cost. AllReduceArgs::signature
+  // is ignored; pair it only with itself.
+  kUnsigned,
 };
 
 // Launches `variant` like LaunchOneShotLLWith: the same grid rule and checks.
-// kTraced is compiled for 2, 4, 8 and any number of ranks, the others for 2
-// and any (the kernel bench runs them on the machine at hand).
+// kTraced and kUnsigned are compiled for 2, 4, 8 and any number of ranks, the
+// others for 2 and any (the kernel bench runs them on the machine at hand).
 cudaError_t LaunchOneShotLLDiag(DiagVariant variant, AllReduceArgs args, DType dtype,
                                 cudaStream_t stream, const OneShotOptions& options);
 

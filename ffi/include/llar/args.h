@@ -249,6 +249,28 @@ constexpr bool RegionsFit32Bits() {
 }
 static_assert(RegionsFit32Bits(), "the kernels' 32-bit offset arithmetic");
 
+// Call signatures (ll.cuh, "Signatures"): a 16-bit value per call, the same
+// on every rank, that the flag words of the flag-carrying protocols carry, so
+// that a wait never accepts a line of another call.
+inline constexpr int kSignatureBits = 16;
+
+// Whether `algorithm`'s lines carry AllReduceArgs::signature, so that a
+// mispaired call ends in the foreign-signature error (ErrorRecord code 2) or
+// the timeout, never in a wrong sum. The LL and LL128 protocols do; the
+// sentinel's lines carry no flag word at all (sentinel.cuh), NCCL's LL
+// all-to-all session writes NCCL's own flags (nccl_lla2a.h), and any
+// algorithm not listed here is taken as unsigned (jax_llar.algorithms.SIGNED
+// must list the same ones).
+constexpr bool CarriesSignature(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::kOneShotLL: return true;
+    case Algorithm::kTwoShotLL: return true;
+    case Algorithm::kOneShotLL128: return true;
+    case Algorithm::kTwoShotLL128: return true;
+    default: return false;
+  }
+}
+
 // The per-device state words (device memory, zeroed at creation): the error
 // claim word, then one set of kEpochCounters epoch counters per algorithm id
 // (an algorithm's counters advance only with its own calls; the fused
@@ -261,10 +283,14 @@ inline constexpr int kStateWords = 1 + (kMaxAlgorithms - 1) * kEpochCounters;
 
 // Filled by the first thread whose bounded wait runs out, in host-mapped
 // memory, so the host can read it even after the kernel has trapped.
+// Codes (wait.cuh): kErrorTimeout, kErrorForeignSignature.
 struct ErrorRecord {
-  int32_t code;            // 0: none; 1: timeout waiting for a peer's line
+  int32_t code;            // 0: none; 1: timeout waiting for a peer's line;
+                           // 2: a peer's line of this epoch carries another
+                           // call's signature (a mispaired call, ll.cuh)
   int32_t rank;            // rank that waited
-  int32_t peer;            // rank whose line never arrived
+  int32_t peer;            // rank whose line never arrived (code 2: whose
+                           // line carried the other signature)
   int32_t block;           // block index (owner of the scratch region)
   int32_t line;            // line index inside the block's region (two-shot:
                            // the payload's line index)
@@ -273,6 +299,14 @@ struct ErrorRecord {
   uint32_t flag_seen2;     // second flag word last read
   uint64_t epoch;          // the waiting warp's epoch for this call
   uint64_t waited_ns;      // time spent waiting when it gave up
+  uint32_t signature_expected;  // the waiting call's signature (AllReduceArgs)
+  uint32_t signature_seen;      // the signature of the line last read (code 1:
+                                // of whatever the slot held, often 0)
+  uint32_t flag_epoch_bits;     // how many low bits of the flag words are the
+                                // epoch's: 16 (LL lines, ll.cuh), 32 (the LL128
+                                // flag word's low half, ll128.cuh: flag_seen2 is
+                                // its high half), 0 (a protocol without
+                                // signatures: the signature fields are 0)
 };
 
 // One device's view of its communicator, in device memory: the part of
@@ -313,6 +347,11 @@ struct AllReduceArgs {
   uint16_t lines_per_block;        // <= kLinesPerBlock (the launcher fills it in)
   uint8_t rank;
   uint8_t world;                   // number of ranks (NCCL's nRanks)
+  uint32_t signature;              // the call's signature, < 2^kSignatureBits, the
+                                   // same on every rank (0: signatures off); the
+                                   // algorithms that CarriesSignature put it in
+                                   // their flag words (ll.cuh, ll128.cuh), the
+                                   // others ignore it
 };
 static_assert(sizeof(AllReduceArgs) == 48, "kernel parameter block grew");
 

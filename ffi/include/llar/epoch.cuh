@@ -34,14 +34,27 @@
 //   remote stores, and r's c2 store is causally after r received them.
 //
 // Re-zeroing (flag uniqueness over long runs)
-//   flag(E) repeats every 2^32 epochs. A slot that was last written long ago
-//   (lines used by a large call once, then many small calls) must not look
-//   ready to a call 2^32 epochs later. So in the last two epochs of every
-//   kRezeroPeriod window each thread clears, after it consumed them, its own
-//   line in the half it just used, for every source rank. Peers write that
+//   A flag holds only the low bits of the epoch: 16 in an LL line (the other
+//   16 carry the call's signature, ll.cuh), 32 in the LL128 flag word's low
+//   half (ll128.cuh). So flag(E) of one signature repeats every 2^16 epochs
+//   (LL). A slot that was last written long ago (lines used by a large call
+//   once, then many small calls) must neither look ready to a call 2^16
+//   epochs later nor, with another signature, look foreign to it (ll.cuh:
+//   a foreign line is the proof of a mispaired call, so stale content must
+//   never produce one). So in the last two epochs of every kRezeroPeriod
+//   window each thread clears, after it consumed them, its own lines in the
+//   half it just used, for every source rank (the two-shots: every slot of
+//   the thread in that half, used by this call or not). Peers write that
 //   half again only at E + 2, after receiving this rank's epoch-(E + 1)
-//   lines, i.e. after this kernel has completed. Stale content is therefore
-//   always less than kRezeroPeriod + 2 < 2^32 epochs old.
+//   lines, i.e. after this kernel has completed. Every launched warp runs
+//   every epoch of its counter, and one epoch of each parity in each window
+//   re-zeroes, so content in a half is cleared at most kRezeroPeriod epochs
+//   after it was written: stale content is always less than kRezeroPeriod +
+//   2 epochs old, and kRezeroPeriod + 2 < 2^16 (static_assert below). Its
+//   epoch bits therefore differ from those of every epoch that reads the
+//   slot, for the LL's 16 bits and a fortiori for LL128's 32. The cost: twice
+//   every kRezeroPeriod calls of a warp, each thread clears its lines (out of
+//   line, off the fast path).
 #ifndef LLAR_EPOCH_CUH_
 #define LLAR_EPOCH_CUH_
 
@@ -49,7 +62,11 @@
 
 namespace llar {
 
-inline constexpr uint64_t kRezeroPeriod = uint64_t(1) << 30;
+inline constexpr uint64_t kRezeroPeriod = uint64_t(1) << 14;
+// The fewest epoch bits a flag carries (ll.cuh: an LL line's 16).
+inline constexpr int kMinFlagEpochBits = 16;
+static_assert(kRezeroPeriod + 2 < (uint64_t(1) << kMinFlagEpochBits),
+              "stale content must be younger than the flags' epoch period");
 
 // Reads the warp's epoch from L2 (ld.global.cg): the value the previous
 // kernel on this stream stored, never a stale L1 line.

@@ -23,17 +23,18 @@
 //   Writer: the 8 lanes of a line store their 16-byte parts into the
 //   reader's scratch with ONE warp-wide st.volatile.global.v4.u32
 //   (StoreLL128Part, executed by the converged warp: the kernel calls
-//   __syncwarp() before its sends), the flag lane's part carrying
-//   LL128Flag(E) in its second 8 bytes.
+//   __syncwarp() before its sends), the flag lane's part carrying the flag
+//   word {LL128Flag(E), S} in its second 8 bytes.
 //   Reader: every lane loads its 16-byte part of its line with the same lane
 //   mapping, one warp-wide ld.volatile.global.v4.u32 (LoadLL128Part); the
 //   flag lane checks the flag word; the warp reloads (every lane, one
 //   instruction again) while __any_sync says some line of the warp is not
 //   ready (WaitLL128Part). It then uses the parts of that last load, flag and
-//   payload from the same instruction.
+//   payload from the same instruction. A flag lane whose line is foreign
+//   (below) reports and traps at once.
 //
 // Memory-ordering argument, and what it rests on
-//   The reader accepts a line when its flag lane sees LL128Flag(E) and uses
+//   The reader accepts a line when its flag lane sees the flag word of E and uses
 //   the other 7 lanes' parts from the same load instruction. This is correct
 //   only if the writer's 128-byte store reaches the reader's memory as one
 //   unit AND the reader's 128-byte load reads it as one unit: then a load
@@ -57,11 +58,21 @@
 //   its payload travel in one store, and the reader never waits for a
 //   separate flag.
 //
-// Flags
-//   The flag word of epoch E is FlagOf(E) (ll.cuh) in its low 32 bits and 0
-//   in its high 32 bits. It is never 0, so zero-filled scratch never looks
-//   ready; uniqueness over long runs comes from the re-zeroing of epoch.cuh
-//   exactly as for LL lines (the same 32-bit flag, the same window).
+// Flags and signatures
+//   The flag word of epoch E and signature S (AllReduceArgs::signature) is
+//   LL128Flag(E) = low32(E) | 1 in its low 32 bits and S in its high 32
+//   bits (0 when signatures are off). Its low half is never 0, so zero-filled
+//   scratch never looks ready; two epochs of one half share a low half only
+//   2^32 epochs apart, and the re-zeroing of epoch.cuh (the LL's window,
+//   made for 16 epoch bits) keeps stale content far younger. Two calls that
+//   pair correctly store and expect the same flag word. A line is foreign
+//   when its flag word has the expected low half and another high half:
+//   under the hardware property below the flag lane sees the whole line's
+//   store, so the line is complete; a correctly paired call never sees one
+//   (ll.cuh's argument, with the re-zeroing bound of epoch.cuh), so the wait
+//   reports it at once (ErrorRecord code 2, flag_seen2 the high half seen)
+//   instead of accepting another call's line. Its limits are the LL's: calls
+//   of one signature, and signatures off.
 #ifndef LLAR_LL128_CUH_
 #define LLAR_LL128_CUH_
 
@@ -101,11 +112,14 @@ __device__ __forceinline__ int LL128FirstUnit(int thread) {
   return 2 * LL128LaneInLine(thread);
 }
 
-// The low 32 bits of the flag word of epoch E; the high 32 bits are 0.
-__device__ __forceinline__ uint32_t LL128Flag(uint64_t epoch) { return FlagOf(epoch); }
+// The low 32 bits of the flag word of epoch E; the high 32 bits are the
+// call's signature.
+__device__ __forceinline__ uint32_t LL128Flag(uint64_t epoch) {
+  return static_cast<uint32_t>(epoch) | 1u;
+}
 
 // Stores the lane's 16-byte part {a, b} at `dst` (its part of a line,
-// possibly in a peer's memory). The flag lane passes b = {flag, 0}.
+// possibly in a peer's memory). The flag lane passes b = {flag, signature}.
 // All 8 lanes of the line must execute this same instruction (contract).
 __device__ __forceinline__ void StoreLL128Part(char* dst, uint2 a, uint2 b) {
   asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(a.x),
@@ -124,8 +138,25 @@ __device__ __forceinline__ uint4 LoadLL128Part(const char* src) {
 }
 
 // The flag lane's check of its part: the flag word (its second 8 bytes).
+__device__ __forceinline__ bool LL128PartReady(uint4 v, uint32_t flag, uint32_t signature) {
+  return v.z == flag && v.w == signature;
+}
+
+// The check of a protocol whose flag words carry no signature (high half 0):
+// two_shot_ll128_atomic's all-gather.
 __device__ __forceinline__ bool LL128PartReady(uint4 v, uint32_t flag) {
-  return v.z == flag && v.w == 0u;
+  return LL128PartReady(v, flag, 0u);
+}
+
+// The flag lane's part of a foreign line (above), for a part that is not
+// ready: this epoch's low half, so another signature.
+__device__ __forceinline__ bool LL128PartForeign(uint4 v, uint32_t flag) { return v.z == flag; }
+
+// The report of an LL128 wait: `flag` and `signature` expected, `v` the flag
+// lane's part last read (flag_seen: the low half, flag_seen2: the high half).
+__device__ __forceinline__ ReportFlags LL128ReportFlags(uint32_t flag, uint32_t signature,
+                                                       uint4 v) {
+  return {flag, v.z, v.w, signature, v.w, 32u};
 }
 
 // The part's payload units: the first, and the second (lanes j < 7 only;
@@ -143,24 +174,42 @@ __device__ __forceinline__ void ClearLL128Part(char* dst) {
 // `src` its part of its line in this rank's scratch and `active` whether
 // its line is awaited (the same for the 8 lanes of a line; inactive lines
 // neither load nor wait). Returns the lane's part from the load in which
-// every active line of the warp carried `flag`. Bounded by pt->timeout_ns
-// (wait.cuh): the flag lane of a line that is still not ready reports
-// `site` (its line and peer) with the flag word it last saw, and traps.
+// every active line of the warp carried the flag word {flag, signature}.
+// Bounded by pt->timeout_ns (wait.cuh): the flag lane of a line that is
+// still not ready reports `site` (its line and peer) with the flag word it
+// last saw, and traps; a flag lane that sees a foreign line (above) reports
+// it at once (kErrorForeignSignature) and traps. The check runs only after a
+// poll in which some line of the warp was not ready.
 __device__ __forceinline__ uint4 WaitLL128Part(const PeerTable* pt, const char* src,
-                                               bool active, uint32_t flag,
+                                               bool active, uint32_t flag, uint32_t signature,
                                                const WaitSite& site) {
   const bool flag_lane = IsLL128FlagLane(threadIdx.x);
   uint4 v = {0u, 0u, 0u, 0u};
   if (active) v = LoadLL128Part(src);
-  bool ready = !active || !flag_lane || LL128PartReady(v, flag);
+  bool ready = !active || !flag_lane || LL128PartReady(v, flag, signature);
   if (!__any_sync(0xffffffffu, !ready)) return v;
   WaitBound bound;
   while (true) {
     if (active) v = LoadLL128Part(src);
-    ready = !active || !flag_lane || LL128PartReady(v, flag);
+    ready = !active || !flag_lane || LL128PartReady(v, flag, signature);
     if (!__any_sync(0xffffffffu, !ready)) return v;
-    if (!ready) bound.Tick(pt, site, flag, uint4{0u, v.z, 0u, v.w});
+    if (!ready) {
+      if (LL128PartForeign(v, flag)) {
+        ReportAndTrap(pt, site, kErrorForeignSignature, LL128ReportFlags(flag, signature, v),
+                      bound.Waited());
+      }
+      bound.Tick(pt, site, LL128ReportFlags(flag, signature, v));
+    }
   }
+}
+
+// The wait of a protocol whose LL128 lines carry no signature (high half of
+// the flag word 0): two_shot_ll128_atomic's all-gather. A line with another
+// high half is then foreign too.
+__device__ __forceinline__ uint4 WaitLL128Part(const PeerTable* pt, const char* src,
+                                               bool active, uint32_t flag,
+                                               const WaitSite& site) {
+  return WaitLL128Part(pt, src, active, flag, 0u, site);
 }
 
 }  // namespace llar

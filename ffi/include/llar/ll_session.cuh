@@ -14,14 +14,18 @@
 //   peer's when the number of ranks is a template argument (kWorld 2, 4 or
 //   8; 0 reads it from the arguments at run time). Then, in this order:
 //     Send(active, payload)  warp-collective: every lane of the warp calls it
-//                            once. It computes flag(E) and the half of E; an
-//                            active lane stores its line {payload, flag(E)}
+//                            once. It computes flag(E, S) (S: the call's
+//                            signature, AllReduceArgs::signature) and the
+//                            half of E; an active lane stores its line
+//                            {payload, flag(E, S)}
 //                            into its slot of every peer's scratch, starting
 //                            with the next rank; then lane 0 stores E + 1 in
 //                            the warp's counter.
 //     Recv(src)              active lanes, for every src other than this
 //                            rank: the payload of src's line of epoch E, from
-//                            this rank's scratch (bounded wait).
+//                            this rank's scratch (bounded wait; a line of E
+//                            with another signature ends it at once in the
+//                            foreign-signature report, wait.cuh).
 //     End()                  every lane, once, after its last Recv: in the
 //                            last two epochs of each re-zeroing window, clears
 //                            the lane's lines of the half it used.
@@ -40,6 +44,10 @@
 // Send computes, so they are called after Send (the Store* ones from within
 // it). Computing them there rather than in the constructor keeps the
 // generated code of the kernels what it was before the session existed.
+//
+// kSigned false gives the session as it was before signatures (the flag
+// low32(E) | 1, no foreign check): only the kernel bench's unsigned variant
+// uses it (ffi/tools/one_shot_ll_diag.h), to measure what signatures cost.
 #ifndef LLAR_LL_SESSION_CUH_
 #define LLAR_LL_SESSION_CUH_
 
@@ -58,7 +66,7 @@ struct ToPeerSlots {
   }
 };
 
-template <int kWorld>
+template <int kWorld, bool kSigned = true>
 class LLSession {
  public:
   static constexpr bool kStaticWorld = kWorld > 0;
@@ -99,7 +107,8 @@ class LLSession {
   char* own_;           // this rank's scratch
   char* to_[kStaticWorld ? kWorld - 1 : 1];  // the peers' scratch, next rank
                                              // first (kStaticWorld only)
-  uint32_t flag_;       // flag(E) (ll.cuh); set by Send
+  uint32_t signature_;  // S (AllReduceArgs::signature)
+  uint32_t flag_;       // flag(E, S) (ll.cuh); set by Send
   int half_;            // the scratch half of E (epoch.cuh); set by Send
 };
 

@@ -54,6 +54,18 @@
 //   -1 values and any change changes the sum. The protocol serves float32,
 //   bfloat16 and float16 only (CanonicalLine has no int32 form).
 //
+// No call signature
+//   The LL protocols put the call's signature in their flag words, so that a
+//   wait never accepts a line of a mispaired call (ll.cuh, "Flags and
+//   signatures"). A sentinel line has no flag word: all 16 bytes are
+//   payload, and any payload but the sentinel is a ready line. So this
+//   protocol cannot tell a line of another call from its own; a call
+//   mispaired with another of the same size and epoch (two programs
+//   interleaved differently per GPU, a rank-dependent extra call) is summed
+//   with it. The algorithm is therefore not signature-checked
+//   (args.h: CarriesSignature; jax_llar.algorithms.SIGNED) and the tuning
+//   tables do not choose it unless asked to (jax_llar.tuning.build_tables).
+//
 // Error report (wait.cuh's ErrorRecord, when a wait runs out)
 //   flag_expected = kSentinelFold, the fold of the sentinel word; flag_seen
 //   and flag_seen2 = Fold(w0) and Fold(w1) of the last poll, Fold(w) = (low

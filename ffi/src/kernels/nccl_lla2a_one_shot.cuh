@@ -55,6 +55,14 @@
 //   zero the shared word; the payload load is in flight across it) and one
 //   shared atomic per warp.
 //
+// No call signature: the session writes NCCL's own LL flags (the session's
+// epoch in both flag words, impl/ll_a2a__funcs.h), which leave no room for
+// the call's signature that jax_llar's LL lines carry (ll.cuh, "Flags and
+// signatures"). A call mispaired with another of the same grid and epoch is
+// therefore summed with it, as in NCCL itself; the algorithm is not
+// signature-checked (args.h: CarriesSignature; jax_llar.algorithms.SIGNED)
+// and AllReduceArgs::signature is unused.
+//
 // Never multicast: the session is opened with multimem = false (its bcast
 // then stores to each peer in turn).
 #ifndef LLAR_KERNELS_NCCL_LLA2A_ONE_SHOT_CUH_

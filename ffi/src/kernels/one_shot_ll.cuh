@@ -28,7 +28,10 @@
 //              End(session)                    after session.End()
 //            AllReduce below is the production one and adds no instruction;
 //            the diagnostic ones live in ffi/tools (benchmarks/NOTES.md,
-//            entry 9).
+//            entry 9). A variant with `static constexpr bool kSigned =
+//            false` gets the session without signatures (ll_session.cuh:
+//            the kernel bench's measure of what they cost); every other
+//            variant's lines carry the call's signature.
 // Everything off the fast path (byte-wise tail lines, the timeout report, the
 // epoch re-zeroing) is out of line, so the hot instructions stay together
 // (benchmarks/NOTES.md, entry 11).
@@ -40,6 +43,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/kernels.h"
 #include "llar/args.h"
@@ -59,12 +63,20 @@ struct AllReduce {
   __device__ __forceinline__ void End(const LLSession<kWorld>&) {}
 };
 
+// Whether a variant's session carries signatures (above).
+template <typename Variant, typename = void>
+inline constexpr bool kVariantSigned = true;
+template <typename Variant>
+inline constexpr bool kVariantSigned<Variant, std::void_t<decltype(Variant::kSigned)>> =
+    Variant::kSigned;
+
 template <typename T, int kWorld, typename Variant>
 __global__ void __launch_bounds__(kMaxThreads) OneShotLLKernel(const AllReduceArgs a) {
   constexpr int kUnroll = kWorld > 0 ? kWorld : 1;
   const int block = blockIdx.x;
   const int t = threadIdx.x;
-  LLSession<kWorld> ll(a, block, t);  // loads the warp's epoch and the scratch addresses
+  // Loads the warp's epoch and the scratch addresses.
+  LLSession<kWorld, kVariantSigned<Variant>> ll(a, block, t);
   Variant variant(a, block, t);
 
   const uint32_t line = block * a.lines_per_block + t;

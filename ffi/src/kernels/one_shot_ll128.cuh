@@ -40,8 +40,9 @@
 // Epochs, scratch reuse and re-zeroing: exactly epoch.cuh's contract and
 // arguments, with this algorithm's own counter set (AllReduceArgs::epochs,
 // args.h: EpochSetOffset). Warp w of block b reads E from its counter, sends
-// and receives in half E & 1 of its lines with flag LL128Flag(E) = FlagOf(E)
-// and stores E + 1 after its sends (after a __syncwarp: every lane has read
+// and receives in half E & 1 of its lines with the flag word {LL128Flag(E),
+// S} (S: the call's signature, AllReduceArgs::signature; ll128.cuh) and
+// stores E + 1 after its sends (after a __syncwarp: every lane has read
 // E). Reuse: a call moves at least one byte, so in call E + 1 every rank
 // waits for line 0 of block 0 from every peer, which the peer stored in its
 // own E + 1 kernel, launched after its E kernel (where it consumed half h)
@@ -53,7 +54,9 @@
 //
 // Bounded waits: WaitLL128Part (ll128.cuh, wait.cuh): a timed-out wait
 // reports the rank, the peer, the block and as `line` the payload line index
-// L, with the flag word it last saw.
+// L, with the flag word it last saw; a line of this epoch with another
+// signature (a mispaired call) ends the wait at once in the same report,
+// code 2 (foreign signature).
 //
 // Template parameters:
 //   T        float, __nv_bfloat16, __half or int32_t.
@@ -81,7 +84,7 @@ namespace llar {
 namespace one_shot_ll128 {
 
 // Clears this lane's part of line `line` of `block` in half `half`, for every
-// source rank (re-zeroing above). Out of line: twice every 2^30 calls.
+// source rank (re-zeroing above). Out of line: twice every kRezeroPeriod calls.
 static __device__ __noinline__ void RezeroParts(char* own, int half, int block, int world,
                                                 int line, int part) {
   for (int src = 0; src < world; ++src) {
@@ -122,9 +125,10 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotLL128Kernel(const AllReduc
   // Send: the 8 lanes of a line store it with one instruction (ll128.cuh),
   // so the warp is converged first.
   const uint32_t flag = LL128Flag(epoch);
+  const uint32_t signature = a.signature;
   const int half = HalfOf(epoch);
   const uint32_t part_offset = static_cast<uint32_t>(part) * kLL128PartBytes;
-  const uint2 second = flag_lane ? uint2{flag, 0u} : mine1;
+  const uint2 second = flag_lane ? uint2{flag, signature} : mine1;
   const uint32_t to = OneShotLL128Offset(half, block, world, rank, slot) + part_offset;
   __syncwarp();
   if (active) {
@@ -144,7 +148,7 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotLL128Kernel(const AllReduc
     if (src != rank) {
       const uint4 v = WaitLL128Part(
           pt, own + OneShotLL128Offset(half, block, world, src, slot) + part_offset, active,
-          flag, WaitSite{rank, src, block, static_cast<int32_t>(line), epoch});
+          flag, signature, WaitSite{rank, src, block, static_cast<int32_t>(line), epoch});
       p0 = LL128Unit0(v);
       p1 = LL128Unit1(v);
     }

@@ -14,7 +14,11 @@
 // each thread packs its 8 bytes of x into one LL line, sends it to every
 // peer through LLSession (same scratch, same per-(block, warp) epoch
 // counters, same bounded waits and re-zeroing), receives every peer's line
-// and sums the ranks in rank order (RankOrderSum). The epoch argument of
+// and sums the ranks in rank order (RankOrderSum). Its lines carry the fused
+// call's own signature (all_reduce.signature: the lowering gives each call
+// site its own, ll.cuh), so a fused call paired with another call, a one-shot
+// all-reduce included, ends in the foreign-signature report, never in a
+// wrong sum. The epoch argument of
 // epoch.cuh holds unchanged: every rank runs the same sequence of calls
 // (all-reduces and fused calls alike) with the same grids, so each warp's
 // counter advances in lockstep on every rank. No barrier across ranks.

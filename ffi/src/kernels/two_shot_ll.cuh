@@ -16,9 +16,13 @@
 //      the reduced line into its slot of every peer's all-gather region;
 //   3. all-gather: for every peer q with i < |chunk q|, it waits for q's
 //      reduced line i and stores it to its output at start(q) + i.
-// No barrier at entry, between the phases or at exit. A timed-out wait
-// reports (wait.cuh) the peer it waited for, the block, and as `line` the
-// payload line index (not the slot).
+// No barrier at entry, between the phases or at exit. Every line (both
+// phases) carries flag(E, S) of ll.cuh, S the call's signature, so a wait
+// never accepts a line of another call: a line of this epoch with another
+// signature (a mispaired call) ends it at once in the foreign-signature
+// report, any other wrong line in the timeout. A report (wait.cuh) names the
+// peer it waited for, the block, and as `line` the payload line index (not
+// the slot).
 //
 // Work split: lines_per_block = ceil(|chunk 0| / blocks) chunk indices per
 // block (TwoShotGridFor, kernels.h), blockDim.x <= 512 threads, a thread
@@ -71,8 +75,8 @@
 //   it holds for any payload of at least one byte.
 //   Within one call the phases need nothing more: all-gather slots are read
 //   only in phase 3 and written by peers in their phase 2 of the same epoch,
-//   with the same flag; a line of epoch E - 2 in the same slot has flag(E - 2)
-//   != flag(E) (ll.cuh), and was consumed in call E - 2.
+//   with the same flag; a line of epoch E - 2 in the same slot has other
+//   epoch bits than flag(E) (ll.cuh), and was consumed in call E - 2.
 //
 // Re-zeroing: in MustRezero epochs (epoch.cuh) each thread clears, after its
 // last wait, every slot of its (b, t) in the half it used: every step the
@@ -102,7 +106,8 @@ namespace llar {
 namespace two_shot {
 
 // Clears every slot of thread t of `block` in half `half` of this rank's
-// two-shot region (re-zeroing above). Out of line: twice every 2^30 calls.
+// two-shot region (re-zeroing above). Out of line: twice every kRezeroPeriod
+// calls.
 static __device__ __noinline__ void RezeroSlots(char* own, int half, int world, int block,
                                                 int t) {
   const int steps = static_cast<int>(TwoShotMaxSteps(world));
@@ -161,7 +166,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
   const uint32_t per_block = a.lines_per_block;
   const uint32_t first = static_cast<uint32_t>(block) * per_block;
   const int steps = static_cast<int>((per_block + threads - 1) / threads);
-  const uint32_t flag = FlagOf(epoch);
+  const uint32_t flag = FlagOf(epoch, a.signature);
   const int half = HalfOf(epoch);
   const TwoShotChunk mine = TwoShotChunkOf(lines, world, rank);
 

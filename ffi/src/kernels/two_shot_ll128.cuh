@@ -25,8 +25,11 @@
 //
 // The waits are warp-collective (WaitLL128Part): every lane of a warp runs
 // every step and every peer's wait in the same order, a lane whose line slot
-// has nothing to wait for in it takes part without loading. A timed-out wait
-// reports the peer, the block and as `line` the payload line index.
+// has nothing to wait for in it takes part without loading. Every line
+// carries the flag word {LL128Flag(E), S}, S the call's signature
+// (ll128.cuh): a timed-out wait reports the peer, the block and as `line`
+// the payload line index; a line of this epoch with another signature (a
+// mispaired call) ends the wait at once in the same report, code 2.
 //
 // Work split: a block of `threads` threads holds threads / 8 line slots; it
 // handles lines_per_block = ceil(|chunk 0| / blocks) chunk indices,
@@ -79,7 +82,7 @@ namespace two_shot_ll128 {
 
 // Clears this lane's part of line slot `slot` of `block` in half `half`:
 // every step the region holds, both phases, every source (re-zeroing
-// above). Out of line: twice every 2^30 calls.
+// above). Out of line: twice every kRezeroPeriod calls.
 static __device__ __noinline__ void RezeroParts(char* own, int half, int world, int block,
                                                 int slot, int part) {
   const int steps = static_cast<int>(TwoShotLL128MaxSteps(world));
@@ -141,6 +144,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
   const uint32_t first = static_cast<uint32_t>(block) * per_block;
   const int steps = static_cast<int>((per_block + slots - 1) / slots);
   const uint32_t flag = LL128Flag(epoch);
+  const uint32_t signature = a.signature;
   const int half = HalfOf(epoch);
   const TwoShotChunk mine = TwoShotChunkOf(lines, world, rank);
 
@@ -167,7 +171,8 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
       for (int k = 1; k < kWorld; ++k) {
         const int q = internal::PeerAt(rank, k, kWorld);
         if (in_block && i < TwoShotChunkOf(lines, kWorld, q).lines) {
-          StoreLL128Part(peer(k) + off, v[k - 1].u0, flag_lane ? uint2{flag, 0u} : v[k - 1].u1);
+          StoreLL128Part(peer(k) + off, v[k - 1].u0,
+                         flag_lane ? uint2{flag, signature} : v[k - 1].u1);
         }
       }
     } else {
@@ -178,7 +183,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
         two_shot_ll128::Units v{{0u, 0u}, {0u, 0u}};
         if (act) v = two_shot_ll128::LoadUnits(a, c.start + i, flag_lane, first_unit);
         __syncwarp();
-        if (act) StoreLL128Part(peer(k) + off, v.u0, flag_lane ? uint2{flag, 0u} : v.u1);
+        if (act) StoreLL128Part(peer(k) + off, v.u0, flag_lane ? uint2{flag, signature} : v.u1);
       }
     }
   }
@@ -204,7 +209,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
             pt,
             own + TwoShotLL128Offset(s, half, kTwoShotReduceScatter, world, src, block, slot) +
                 part_offset,
-            act, flag, WaitSite{rank, src, block, static_cast<int32_t>(line), epoch});
+            act, flag, signature, WaitSite{rank, src, block, static_cast<int32_t>(line), epoch});
         p0 = LL128Unit0(v);
         p1 = LL128Unit1(v);
       }
@@ -215,7 +220,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
     if (act) two_shot_ll128::StoreUnits(a, line, flag_lane, first_unit, r0, r1);
     const uint32_t off =
         TwoShotLL128Offset(s, half, kTwoShotAllGather, world, rank, block, slot) + part_offset;
-    const uint2 second = flag_lane ? uint2{flag, 0u} : r1;
+    const uint2 second = flag_lane ? uint2{flag, signature} : r1;
     __syncwarp();
     if (act) {
 #pragma unroll kUnroll
@@ -238,7 +243,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
           pt,
           own + TwoShotLL128Offset(s, half, kTwoShotAllGather, world, q, block, slot) +
               part_offset,
-          act, flag, WaitSite{rank, q, block, static_cast<int32_t>(line), epoch});
+          act, flag, signature, WaitSite{rank, q, block, static_cast<int32_t>(line), epoch});
       if (act) two_shot_ll128::StoreUnits(a, line, flag_lane, first_unit, LL128Unit0(v),
                                           LL128Unit1(v));
     }

@@ -29,7 +29,7 @@ __device__ __forceinline__ int PeerAt(int rank, int k, int world) {
 }
 
 // Clears this thread's line in the half the call just consumed, for every
-// source rank (epoch.cuh, re-zeroing). Runs twice every 2^30 calls; out of
+// source rank (epoch.cuh, re-zeroing). Runs twice every kRezeroPeriod calls; out of
 // line, so that it stays out of the hot instructions. Internal linkage, as
 // when it lived in the kernel's file: each translation unit's device code
 // keeps its own copy, under the name that puts it where ptxas placed it
@@ -48,8 +48,8 @@ static __device__ __noinline__ void RezeroLines(char* own, int half, int block,
 // read-only path is safe); the kernel's payload load follows them. The
 // address loads use `a` and a local copy of the rank as the kernel did
 // before the session existed, which keeps its generated code unchanged.
-template <int kWorld>
-__device__ __forceinline__ LLSession<kWorld>::LLSession(const AllReduceArgs& a,
+template <int kWorld, bool kSigned>
+__device__ __forceinline__ LLSession<kWorld, kSigned>::LLSession(const AllReduceArgs& a,
                                                         int block, int thread)
     : world_(kStaticWorld ? kWorld : a.world),
       rank_(a.rank),
@@ -59,6 +59,7 @@ __device__ __forceinline__ LLSession<kWorld>::LLSession(const AllReduceArgs& a,
                            static_cast<unsigned>(thread) / kWarpSize)) {
   const int rank = a.rank;
   epoch_ = LoadEpoch(counter_);
+  signature_ = a.signature;
   peers_ = a.peers;
   own_ = internal::ScratchOf(a.peers, rank);
   if constexpr (kStaticWorld) {
@@ -69,13 +70,13 @@ __device__ __forceinline__ LLSession<kWorld>::LLSession(const AllReduceArgs& a,
   }
 }
 
-template <int kWorld>
-__device__ __forceinline__ std::size_t LLSession<kWorld>::SlotOffset() const {
+template <int kWorld, bool kSigned>
+__device__ __forceinline__ std::size_t LLSession<kWorld, kSigned>::SlotOffset() const {
   return ScratchOffset(half_, block_, world(), rank_, thread_);
 }
 
-template <int kWorld>
-__device__ __forceinline__ void LLSession<kWorld>::StoreToPeers(
+template <int kWorld, bool kSigned>
+__device__ __forceinline__ void LLSession<kWorld, kSigned>::StoreToPeers(
     std::size_t offset, uint2 payload) const {
   const uint32_t flag = flag_;
   if constexpr (kStaticWorld) {
@@ -89,8 +90,8 @@ __device__ __forceinline__ void LLSession<kWorld>::StoreToPeers(
   }
 }
 
-template <int kWorld>
-__device__ __forceinline__ void LLSession<kWorld>::StoreLoopback(uint2 payload) const {
+template <int kWorld, bool kSigned>
+__device__ __forceinline__ void LLSession<kWorld, kSigned>::StoreLoopback(uint2 payload) const {
   constexpr int kUnroll = kStaticWorld ? kWorld : 1;
   const int world = this->world();
   const int half = half_;
@@ -105,32 +106,32 @@ __device__ __forceinline__ void LLSession<kWorld>::StoreLoopback(uint2 payload) 
 
 // Every lane has read E once the warp is past its sends (__syncwarp); lane 0
 // then stores E + 1 while the lines are in flight.
-template <int kWorld>
-__device__ __forceinline__ void LLSession<kWorld>::AdvanceEpoch() const {
+template <int kWorld, bool kSigned>
+__device__ __forceinline__ void LLSession<kWorld, kSigned>::AdvanceEpoch() const {
   __syncwarp();
   if (thread_ % kWarpSize == 0) *counter_ = epoch_ + 1;
 }
 
-template <int kWorld>
+template <int kWorld, bool kSigned>
 template <typename Store>
-__device__ __forceinline__ void LLSession<kWorld>::Send(bool active, uint2 payload,
+__device__ __forceinline__ void LLSession<kWorld, kSigned>::Send(bool active, uint2 payload,
                                                         Store store) {
-  flag_ = FlagOf(epoch_);
+  flag_ = kSigned ? FlagOf(epoch_, signature_) : UnsignedFlagOf(epoch_);
   half_ = HalfOf(epoch_);
   if (active) store(*this, payload);
   AdvanceEpoch();
 }
 
-template <int kWorld>
-__device__ __forceinline__ uint2 LLSession<kWorld>::Recv(int src) const {
-  return WaitLine(peers_,
+template <int kWorld, bool kSigned>
+__device__ __forceinline__ uint2 LLSession<kWorld, kSigned>::Recv(int src) const {
+  return WaitLine<kSigned>(peers_,
                   own_ + ScratchOffset(half_, block_, world(), src, thread_),
                   flag_, WaitSite{rank_, src, block_, thread_, epoch_});
 }
 
 // Each thread clears only lines it consumed itself: no barrier needed.
-template <int kWorld>
-__device__ __forceinline__ void LLSession<kWorld>::End() const {
+template <int kWorld, bool kSigned>
+__device__ __forceinline__ void LLSession<kWorld, kSigned>::End() const {
   if (MustRezero(epoch_)) {
     internal::RezeroLines(own_, half_, block_, world(), thread_);
   }
