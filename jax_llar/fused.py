@@ -22,6 +22,7 @@ with ``op="psum_add_rms_norm"``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -226,7 +227,22 @@ def _fused_call(ctx, x, residual, weight, decision: log.Decision, eps: float):
         signature=np.int64(sig))
 
 
+def _lower(ctx, x, residual, weight, *, axes, eps):
+  """The one rule for every platform: CUDA's or the others', and for a
+  lowering for several platforms at once one branch each (as the psum rules
+  do, jax_llar.lowering: JAX's own per-platform dispatch of a rule that is
+  not cached needs a list of output avals)."""
+  platforms = list(ctx.module_context.platforms)
+  if len(platforms) == 1 or "cuda" not in platforms:
+    rule = _lower_cuda if platforms == ["cuda"] else _lower_default
+    return rule(ctx, x, residual, weight, axes=axes, eps=eps)
+  return mlir.lower_per_platform(
+      ctx.replace(avals_out=list(ctx.avals_out)), "jax_llar psum_add_rms_norm",
+      {"cuda": functools.partial(_lower_cuda, axes=axes, eps=eps)},
+      functools.partial(_lower_default, axes=axes, eps=eps), frozenset(),
+      x, residual, weight)
+
+
 # Not cached per module: every fused call gets an instruction, and so a call
 # signature, of its own (as the psum rules, jax_llar.lowering).
-mlir.register_lowering(psum_add_rms_norm_p, _lower_default, cacheable=False)
-mlir.register_lowering(psum_add_rms_norm_p, _lower_cuda, platform="cuda", cacheable=False)
+mlir.register_lowering(psum_add_rms_norm_p, _lower, cacheable=False)

@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from jax_llar import _ext, comm, lowering, signature, swap, tuning
+from jax_llar import _ext, algorithms, comm, lowering, signature, swap, tuning
 from jax_llar.config import settings
 
 # ErrorRecord::code (ffi/include/llar/args.h, wait.cuh) -> its name.
@@ -53,7 +53,11 @@ def status() -> dict[str, Any]:
         (why no table) and ``rule`` instead of path, rows and provenance;
       ``swap``: ``installed`` (the process-wide swap is on) and
         ``lowering_rules`` (per psum primitive, whether jax_llar's lowering
-        rule is still the registered one).
+        rule is still the registered one);
+      ``signatures``: ``enabled`` (``settings.signatures``), ``signed`` (the
+        algorithms whose lines carry them, ``algorithms.SIGNED``) and
+        ``lowered`` (how many distinct call signatures this process lowered;
+        ``jax_llar.signature.lowered()`` maps each to its calls).
   """
   mod = _ext.load(quiet=True)
   build = _ext.build_info()
@@ -93,6 +97,9 @@ def status() -> dict[str, Any]:
                  "tables": tuning.tables_seen()},
       "swap": {"installed": swap.installed(),
                "lowering_rules": lowering.rules_active()},
+      "signatures": {"enabled": settings.signatures,
+                     "signed": sorted(a.short_name for a in algorithms.SIGNED),
+                     "lowered": len(signature.lowered())},
   }
 
 

@@ -159,6 +159,25 @@ def test_signature_depends_on_the_call_not_only_on_the_shape(fast_path):
   assert _signatures(other)[0] not in (a, b)
 
 
+def test_identical_fused_calls_get_their_own_signatures(fast_path):
+  """The fused op's lowering is not cached per module: two fused calls of
+  the same shapes are two instructions with two signatures (a mispairing
+  of the two is then detected too)."""
+  del fast_path
+  mesh = mesh_of((2,), ("x",))
+  w = np.ones((512,), np.float32)
+
+  def two(v):
+    a, r = jax_llar.psum_add_rms_norm(v, v, w, "x")
+    b, _ = jax_llar.psum_add_rms_norm(a, r, w, "x")
+    return b
+
+  _, text = _lower(two, random_input(np.random.default_rng(6), (2, 512), BF16), mesh)
+  assert text.count("custom_call @jax_llar_all_reduce_add_rms_norm") == 2
+  a, b = _signatures(text)
+  assert a != b and a and b
+
+
 def test_signatures_off_give_zero_and_relower(fast_path, monkeypatch):
   del fast_path
   mesh = mesh_of((2,), ("x",))
@@ -172,6 +191,15 @@ def test_signatures_off_give_zero_and_relower(fast_path, monkeypatch):
   monkeypatch.setattr(llar_settings, "signatures", True)
   assert _signatures(f.trace(x).lower(lowering_platforms=("cuda",)).as_text()) == \
       _signatures(text)
+
+
+def test_status_reports_the_signatures(fast_path):
+  del fast_path
+  mesh = mesh_of((2,), ("x",))
+  _lower(_program, random_input(np.random.default_rng(5), (2, 512), BF16), mesh)
+  st = jax_llar.status()["signatures"]
+  assert st["enabled"] is True and st["lowered"] == 4
+  assert st["signed"] == sorted(a.short_name for a in algorithms.SIGNED)
 
 
 def test_signed_algorithms_are_the_flag_protocols():
