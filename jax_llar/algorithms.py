@@ -71,6 +71,21 @@ Algorithms:
     arriving as one unit (ffi/src/kernels/two_shot_ll128.cuh). Payload per
     rank: up to 4 MiB. Not in the tuning table; reachable with
     JAX_LLAR_ALGORITHM=two_shot_ll128.
+  TWO_SHOT_LL128_ATOMIC (7): the two-shot LL128 whose reduce-scatter adds
+    every rank's lines into the chunk owner's zeroed accumulator with
+    ``red.global.add`` (float32 accumulation for the float dtypes, 16-bit
+    elements widened; int32 adds), each rank then setting its bit in a
+    per-line arrival mask after a release fence; the owner waits (bounded)
+    for every peer's bit, adds its own values, zeroes the accumulator for
+    reuse two calls later, and all-gathers the result in LL128 lines
+    (arXiv 2607.16100, section 4; ffi/src/kernels/two_shot_ll128_atomic.cuh).
+    NOT DETERMINISTIC (`NON_DETERMINISTIC`): floating-point atomics add in
+    arrival order, so the float results may change from run to run and need
+    not be bitwise the rank-order reference; every rank gets the same bits,
+    int32 is exact, and each float element is within the bound
+    ``jax_llar.testing.atomic_sum_violations`` checks. Opt-in only: no tuning
+    table chooses it; reachable with JAX_LLAR_ALGORITHM=two_shot_ll128_atomic.
+    Payload per rank: up to 4 MiB.
 """
 
 from __future__ import annotations
@@ -98,6 +113,7 @@ class Algorithm(enum.IntEnum):
   ONE_SHOT_LL128 = 4
   NCCL_LLA2A_ONE_SHOT = 5
   TWO_SHOT_LL128 = 6
+  TWO_SHOT_LL128_ATOMIC = 7
 
   @property
   def short_name(self) -> str:
@@ -143,7 +159,18 @@ MAX_BYTES: dict[Algorithm, int] = {
     Algorithm.ONE_SHOT_LL128: 64 * 64 * 120,
     Algorithm.NCCL_LLA2A_ONE_SHOT: 64 * 512 * 8,
     Algorithm.TWO_SHOT_LL128: 4 * 1024 * 1024,
+    Algorithm.TWO_SHOT_LL128_ATOMIC: 4 * 1024 * 1024,
 }
+
+# The algorithms whose float results depend on the order in which
+# contributions arrive (floating-point atomics), so may differ from run to
+# run and from the rank-order reference: a tuning table never chooses them
+# (``jax_llar.policy.TuningTable`` refuses such a row, ``jax_llar.tuning``
+# leaves them out of the tables it builds and ``python -m
+# jax_llar.tools.tune`` does not measure them); only JAX_LLAR_ALGORITHM (a
+# forced algorithm) runs them. The rule they keep instead of bitwise
+# equality: ``jax_llar.testing.atomic_sum_violations``.
+NON_DETERMINISTIC: frozenset[Algorithm] = frozenset({Algorithm.TWO_SHOT_LL128_ATOMIC})
 
 # The algorithms whose lines carry the call's signature
 # (``jax_llar.signature``; ffi/include/llar/args.h: CarriesSignature, the
@@ -221,6 +248,12 @@ def region_bytes(algorithm: Algorithm, world: int) -> int:
     lines = -(-MAX_BYTES[Algorithm.TWO_SHOT_LL128] // 120)
     steps = -(-(-(-lines // world)) // (64 * 64))
     return steps * 2 * 2 * world * 64 * 64 * 128
+  if algorithm == Algorithm.TWO_SHOT_LL128_ATOMIC:
+    # the two-shot LL128's steps; accumulator slots (steps x halves x 4096 x
+    # 256 B), then all-gather line slots (steps x halves x ranks x 4096 x 128 B)
+    lines = -(-MAX_BYTES[Algorithm.TWO_SHOT_LL128_ATOMIC] // 120)
+    steps = -(-(-(-lines // world)) // (64 * 64))
+    return steps * 2 * 64 * 64 * 256 + steps * 2 * world * 64 * 64 * 128
   if algorithm == Algorithm.NCCL_LLA2A_ONE_SHOT:
     # NCCL's session buffer (args.h: NcclLLA2ABufferBytes): 64 sessions of
     # one epoch line and, per parity, world x 512 slots, 16 bytes each.

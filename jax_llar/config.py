@@ -22,7 +22,10 @@ Environment variables:
   JAX_LLAR_ALGORITHM=NAME   "auto" (default: the tuning table decides) or an
                             algorithm's short name (``jax_llar.Algorithm``,
                             e.g. "one_shot_ll"): that algorithm serves every
-                            psum it can, whatever the table says.
+                            psum it can, whatever the table says. The only
+                            way to run a non-deterministic algorithm
+                            (``jax_llar.algorithms.NON_DETERMINISTIC``, e.g.
+                            "two_shot_ll128_atomic"), which no table chooses.
   JAX_LLAR_MAX_BYTES=N      largest per-rank payload (bytes) given to the fast
                             path, 0 .. 4194304 (the cap: the largest payload
                             any algorithm serves,

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jax_llar.algorithms import (MAX_BYTES, MAX_RANKS, SUPPORTED_DTYPES,
+from jax_llar.algorithms import (MAX_BYTES, MAX_RANKS, NON_DETERMINISTIC, SUPPORTED_DTYPES,
                                  Algorithm, dtype_refusal)
 
 # The reasons `choose` gives, in the order it checks them. "fast_path" means
@@ -71,14 +71,18 @@ class TuningTable:
     rows: in increasing `max_bytes`; a payload of n bytes per rank goes to
       the first row with n <= max_bytes, above the last row to lax.psum.
       No two neighbouring rows name the same implementation, and the last
-      row is not lax.psum (both would be rows that change nothing).
+      row is not lax.psum (both would be rows that change nothing). No row
+      names an algorithm of NON_DETERMINISTIC: a table chooses only
+      algorithms whose output is bitwise the rank-order reference (those are
+      run only when forced, JAX_LLAR_ALGORITHM).
     source: where the table was read from (a path), for messages.
     provenance: how the table was made (``jax_llar.tuning`` documents the
       keys); not used by the policy.
 
   Raises:
-    ValueError: a row breaks one of the rules above, or a row's max_bytes
-      exceeds its algorithm's MAX_BYTES; the message names the row.
+    ValueError: a row breaks one of the rules above, names a
+      non-deterministic algorithm, or a row's max_bytes exceeds its
+      algorithm's MAX_BYTES; the message names the row.
 
   Example::
 
@@ -113,6 +117,10 @@ class TuningTable:
       if row.algorithm is not None and not isinstance(row.algorithm, Algorithm):
         raise ValueError(f"{where}: algorithm must be an Algorithm or None, got "
                          f"{row.algorithm!r}")
+      if row.algorithm in NON_DETERMINISTIC:
+        raise ValueError(f"{where}: {row.name} is not deterministic (floating-point "
+                         "atomics add in arrival order), so no tuning table may choose "
+                         "it; force it with JAX_LLAR_ALGORITHM")
       if row.algorithm is not None and row.max_bytes > MAX_BYTES[row.algorithm]:
         raise ValueError(f"{where}: max_bytes {row.max_bytes} is above "
                          f"{MAX_BYTES[row.algorithm]}, the most {row.name} serves")

@@ -42,7 +42,11 @@ and its ``--from_results`` mode): from JAX-level result files (rows of
 ``jax_llar.tools.jax_level``: per implementation, dtype and size, the
 per-step time of a jitted chain and whether its output was bitwise correct),
 per number of ranks, per size, the rule `RULE` picks an implementation;
-neighbouring sizes with the same pick merge into one row.
+neighbouring sizes with the same pick merge into one row. Rows of the
+non-deterministic algorithms (``jax_llar.algorithms.NON_DETERMINISTIC``:
+floating-point atomics) are left out before anything else (their output is
+not bitwise any reference, and a table never chooses them); the table's
+provenance note names them.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import threading
 from typing import Any, Iterable, Mapping, Sequence
 
 from jax_llar import policy
-from jax_llar.algorithms import MAX_BYTES, Algorithm
+from jax_llar.algorithms import MAX_BYTES, NON_DETERMINISTIC, Algorithm
 from jax_llar.config import settings
 
 FORMAT = "jax_llar.tuning/1"
@@ -483,7 +487,8 @@ def build_tables(paths: Sequence[str], *, command: str,
 
   Reads the rows of each file (``jax_llar.tools.bench --level jax`` or
   ``jax_llar.tools.tune``): per implementation (``lax.psum``,
-  ``llar.<algorithm>``; other rows are ignored), world size, dtype and
+  ``llar.<algorithm>``; other rows are ignored, and so are the rows of an
+  algorithm of NON_DETERMINISTIC, which no table may choose), world size, dtype and
   bytes per rank, the per-step time ``us_per_call`` and ``correct``.
   Chooses per size by `RULE` and merges neighbouring sizes into rows.
 
@@ -536,10 +541,14 @@ def build_tables(paths: Sequence[str], *, command: str,
   # world -> bytes -> impl -> dtype -> (us, fast)
   data: dict[int, dict[int, dict[str, dict[str, tuple[float, bool]]]]] = {}
   bad = []
+  left_out: set[str] = set()  # non-deterministic algorithms' rows
   for path, result in zip(paths, results):
     for row in result.get("rows") or []:
       name = _implementation(row)
       if name is None:
+        continue
+      if name != policy.LAX_PSUM and Algorithm.from_short_name(name) in NON_DETERMINISTIC:
+        left_out.add(name)
         continue
       where = (f"{path}: {row['impl']} {row['dtype']} {row['bytes_per_rank']} B "
                f"{row['world_size']} ranks")
@@ -600,6 +609,9 @@ def build_tables(paths: Sequence[str], *, command: str,
             f"here, so this table never chooses it. Sizes {sizes[0]} to {sizes[-1]} "
             f"bytes per rank were measured ({len(sizes)} sizes): smaller payloads "
             f"take the first row's choice, larger ones lax.psum.")
+    if left_out:
+      note += (f" Rows of {', '.join(sorted(left_out))} were left out: not "
+               "deterministic (floating-point atomics), never chosen by a table.")
     provenance = {
         "command": command,
         "results_files": list(paths),

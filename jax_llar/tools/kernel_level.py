@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from jax_llar import testing
-from jax_llar.algorithms import MAX_BYTES, Algorithm
+from jax_llar.algorithms import MAX_BYTES, NON_DETERMINISTIC, Algorithm
 from jax_llar.tools import _native
 
 # What a kernel's output must equal on each rank.
@@ -27,6 +27,9 @@ SUM = "sum"            # the float64 rank-order sum of all inputs, rounded once
 OWN_INPUT = "own"      # the rank's own input (a copy)
 LOOPBACK = "loopback"  # the rank's own input summed world-size times
 NCCL = "nccl"          # NCCL's sum: bitwise for two ranks, else within 1e-2
+ATOMIC_SUM = "atomic_sum"  # a non-deterministic algorithm's rule: every rank the
+                           # same bits, each element within
+                           # testing.atomic_sum_violations's bound (int32 exact)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +45,8 @@ class KernelImpl:
     block_lines: one_shot_ll only: lines per block of the grid rule (0: the
       production rule).
     expect: the reference its outputs must equal (SUM, OWN_INPUT, LOOPBACK,
-      NCCL).
+      NCCL), or the rule they keep (ATOMIC_SUM: the algorithms of
+      NON_DETERMINISTIC).
   """
   kind: str
   variant: str = ""
@@ -54,8 +58,9 @@ class KernelImpl:
 KERNEL_IMPLS = {
     # Every algorithm of the extension, through its production launcher
     # (the one on NCCL's LL all-to-all session under its NCCL name, below).
-    **{a.impl: KernelImpl(a.short_name) for a in Algorithm
-       if a is not Algorithm.NCCL_LLA2A_ONE_SHOT},
+    **{a.impl: KernelImpl(a.short_name,
+                          expect=ATOMIC_SUM if a in NON_DETERMINISTIC else SUM)
+       for a in Algorithm if a is not Algorithm.NCCL_LLA2A_ONE_SHOT},
     "kernel.copy": KernelImpl("copy", expect=OWN_INPUT),
     "nccl.allreduce": KernelImpl("nccl", expect=NCCL),
     # The one-shot on NCCL's LL all-to-all device session (ncclLLA2ASession),
@@ -116,7 +121,14 @@ def expected(spec: KernelImpl, inputs: Sequence[np.ndarray], dtype) -> list[np.n
 def outputs_correct(spec: KernelImpl, outs: Sequence[np.ndarray],
                     inputs: Sequence[np.ndarray], dtype) -> bool:
   """Whether every rank's output equals its reference bitwise (NCCL beyond
-  two ranks: within a relative 1e-2, its ring order not being rank order)."""
+  two ranks: within a relative 1e-2, its ring order not being rank order;
+  ATOMIC_SUM: every rank's output rank 0's bits, and no element breaking
+  `testing.atomic_sum_violations`'s rule)."""
+  if spec.expect == ATOMIC_SUM:
+    same = all(np.array_equal(np.ascontiguousarray(o).view(np.uint8),
+                              np.ascontiguousarray(outs[0]).view(np.uint8)) for o in outs)
+    return same and not any(testing.atomic_sum_violations(o, inputs, dtype).any()
+                            for o in outs)
   want = expected(spec, inputs, dtype)
   if spec.expect == NCCL and len(inputs) > 2:
     return all(np.allclose(o.astype(np.float64), w.astype(np.float64), rtol=1e-2)

@@ -6,6 +6,9 @@
       [--algorithm one_shot_sentinel --nan_patterns --bitwise_against one_shot_ll]
           (the sentinel one-shot, float dtypes, up to 512 KiB per rank; its
           outputs equal to the one-shot LL's bit for bit, NaNs included)
+      [--algorithm two_shot_ll128_atomic]   (not deterministic: every rank's
+          output the same bits, int32 exact, floats within the atomic-sum
+          bound, jax_llar.testing.atomic_sum_violations, not bitwise)
   python -m jax_llar.tools.loopback --skip_rank R --skip_call C [...]   (fault mode)
   python -m jax_llar.tools.loopback --op add_rms_norm [--shapes 1x4096,8x2048] [...]
       (the fused all-reduce + residual add + RMSNorm: jax_llar.tools.loopback_fused)
@@ -16,8 +19,10 @@ records and peer tables (each table pointing at all W scratch regions on the
 same device) and W launches of the production launcher per call, each rank
 on a stream of its own so that the ranks' kernels run at once. Every kept
 output of every rank is compared bitwise with the fast path's promise, a
-float64 sum in rank order rounded once (NaNs by position), and every rank's
-epoch counters must have advanced once per call.
+float64 sum in rank order rounded once (NaNs by position), or for a
+non-deterministic algorithm checked by its own rule (check_mode in
+jax_llar.tools.loopback_harness), and every rank's epoch counters must have
+advanced once per call.
 
 What this tests: the protocol logic (LL lines and flags, per-warp epochs,
 scratch parity over many consecutive calls, with --no_sync also ranks that

@@ -10,8 +10,14 @@ the inputs, runs the cases and checks every kept output of every rank
 bitwise against the fast path's promise, a float64 sum in rank order rounded
 once (`jax_llar.testing.rank_order_sum`; NaNs by position, as
 `jax_llar.testing.bitwise_equal`); every rank's epoch counters must also
-have advanced once per call. The command line is `jax_llar.tools.loopback`,
-which says what the harness does and does not test.
+have advanced once per call. An algorithm of
+``jax_llar.algorithms.NON_DETERMINISTIC`` (floating-point atomics: its float
+sums depend on the order of arrival) is checked by its own rule instead
+(`check_mode`): every rank's output bitwise the same, int32 bitwise the
+reference, and every float element within
+`jax_llar.testing.atomic_sum_violations`'s bound of the exact sum. The
+command line is `jax_llar.tools.loopback`, which says what the harness does
+and does not test.
 
 Special inputs (`special_columns`): one input set of every case carries
 signed zeros, subnormals, inf, inf - inf, NaN payloads and signalling NaNs,
@@ -72,6 +78,19 @@ ALGORITHMS = tuple(a.short_name for a in algorithms.Algorithm
                    if a.short_name not in NOT_SIMULATED)
 # The algorithms whose launchers take the generic and block_lines options.
 ONE_SHOT_OPTIONS = ("one_shot_ll", "one_shot_sentinel")
+# How run_case checks outputs: "bitwise" (the rank-order reference) or
+# "atomic_sum" (jax_llar.testing.atomic_sum_violations, ranks identical).
+BITWISE, ATOMIC_SUM = "bitwise", "atomic_sum"
+# The two-shots: a timed-out wait may name a chunk owner that itself waits
+# for the skipped rank (fault_problems).
+TWO_SHOTS = ("two_shot_ll", "two_shot_ll128", "two_shot_ll128_atomic")
+
+
+def check_mode(algorithm: str) -> str:
+  """ATOMIC_SUM for an algorithm of algorithms.NON_DETERMINISTIC (a short
+  name), else BITWISE."""
+  a = algorithms.Algorithm.from_short_name(algorithm)
+  return ATOMIC_SUM if a in algorithms.NON_DETERMINISTIC else BITWISE
 
 
 def max_bytes(algorithm: str) -> int:
@@ -201,6 +220,11 @@ def validate(s: Settings) -> list[str]:
                                         or s.bitwise_against == s.algorithm):
     errors.append(f"bitwise_against must be another of {', '.join(ALGORITHMS)}: "
                   f"{s.bitwise_against!r}")
+  if s.bitwise_against is not None and s.algorithm in ALGORITHMS and ATOMIC_SUM in (
+      check_mode(s.algorithm), check_mode(s.bitwise_against)
+      if s.bitwise_against in ALGORITHMS else BITWISE):
+    errors.append("bitwise_against compares two algorithms byte for byte, which a "
+                  "non-deterministic one (floating-point atomics) does not promise")
   if s.bitwise_nan not in ("exact", "position"):
     errors.append(f"bitwise_nan must be exact or position: {s.bitwise_nan!r}")
   if s.nan_patterns and s.sets < 3:
@@ -545,6 +569,64 @@ def first_mismatch(outputs: np.ndarray, refs: np.ndarray, first_call: int,
   return found
 
 
+def first_violation(outputs: np.ndarray, inputs: np.ndarray, first_call: int) -> dict | None:
+  """The first element of the outputs that breaks the atomic-sum rule
+  (`jax_llar.testing.atomic_sum_violations`), or None when none does.
+
+  Args:
+    outputs: (kept, world, n) kept outputs; outputs[k] is call first_call + k.
+    inputs: (sets, world, n); call c used set c % sets.
+    first_call: the call of outputs[0].
+
+  Returns:
+    None, or ``{"call", "rank", "index", "got", "want" (the float64
+    rank-order reference rounded once, each {"bits", "value"}), "exact" (the
+    exact sum, float64), "bound", "inputs", "wrong_elements", "wrong_calls"}``.
+  """
+  sets = inputs.shape[0]
+  dtype = outputs.dtype
+  found, wrong, wrong_calls = None, 0, 0
+  for k in range(outputs.shape[0]):
+    call = first_call + k
+    x = inputs[call % sets]
+    bad = testing.atomic_sum_violations(outputs[k], list(x), dtype)
+    count = int(bad.sum())
+    if not count:
+      continue
+    wrong += count
+    wrong_calls += 1
+    if found is None:
+      rank, index = (int(v) for v in np.argwhere(bad)[0])
+      found = {"call": call, "rank": rank, "index": index,
+               "got": _describe(outputs[k, rank, index], dtype),
+               "want": _describe(testing.rank_order_sum(list(x[:, index:index + 1]),
+                                                        dtype)[0], dtype),
+               "inputs": [_describe(v, dtype)["value"] for v in x[:, index]]}
+      if dtype != np.dtype(np.int32):
+        e, bound, _ = testing.atomic_sum_bound(list(x[:, index:index + 1]), dtype)
+        found["exact"], found["bound"] = float(e[0]), float(bound[0])
+  if found is not None:
+    found["wrong_elements"] = wrong
+    found["wrong_calls"] = wrong_calls
+  return found
+
+
+def ranks_agree(outputs: np.ndarray) -> bool:
+  """Whether every rank's output of every kept call has rank 0's bits
+  (outputs: (kept, world, n))."""
+  u = _UINT[outputs.dtype.itemsize]
+  return bool((outputs.view(u) == outputs.view(u)[:, :1]).all())
+
+
+def differing_from_reference(outputs: np.ndarray, inputs: np.ndarray, first_call: int) -> int:
+  """Elements of the kept outputs that are not bitwise the rank-order
+  reference (NaNs by position): how far an atomic sum strayed from it."""
+  sets = inputs.shape[0]
+  refs = references(inputs)
+  return sum(int(mismatch_mask(outputs[k], refs[(first_call + k) % sets][None, :]).sum())
+             for k in range(outputs.shape[0]))
+
+
 def _nan(x: np.ndarray) -> np.ndarray:
   if x.dtype not in QUIET_BIT:
     return np.zeros(x.shape, bool)
@@ -681,10 +763,18 @@ def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator) -> dic
     row["deadline_exceeded"] = r["deadline_exceeded"]
     return row
   outputs = np.asarray(r["outputs"]).view(case.np_dtype)
-  mismatch = first_mismatch(outputs, references(inputs), r["first_kept_call"], inputs)
+  row["check"] = check_mode(s.algorithm)
+  if row["check"] == ATOMIC_SUM:
+    mismatch = first_violation(outputs, inputs, r["first_kept_call"])
+    row["ranks_bitwise_equal"] = ranks_agree(outputs)
+    row["differing_from_reference"] = differing_from_reference(
+        outputs, inputs, r["first_kept_call"])
+  else:
+    mismatch = first_mismatch(outputs, references(inputs), r["first_kept_call"], inputs)
   row["epoch_mismatch"] = r["epoch_mismatch"]
   ok = (mismatch is None and r["epochs_checked"] and r["epoch_mismatch"] is None
-        and not records and outputs.shape[0] == keep)
+        and not records and outputs.shape[0] == keep
+        and row.get("ranks_bitwise_equal", True))
   if mismatch is not None:
     row["first_mismatch"] = mismatch
   row["nan_bits"] = nan_bits(outputs)
@@ -749,7 +839,9 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
   names skip_rank as the peer (the two-shots: skip_rank, or a chunk owner
   whose reduction waits for skip_rank), carries the epoch of call skip_call and its
   flag (one_shot_sentinel: the sentinel's fold 0xffffffff as expected and as
-  both words seen, sentinel.cuh: neither word arrived), and waited at least
+  both words seen, sentinel.cuh: neither word arrived; two_shot_ll128_atomic's
+  wait for an arrival mask: the mask expected, one without skip_rank's bit
+  seen, and skip_rank as the peer), and waited at least
   the timeout; the error came within the timeout
   and the trap's wait for the report (wait.cuh) of the last launch; and
   skip_rank reported nothing.
@@ -782,7 +874,7 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
       problems.append(f"{where}: the skipped rank reported")
     if r.get("rank") != i:
       problems.append(f"{where}: names rank {r.get('rank')} as the one that waited")
-    two_shot = spec.get("algorithm", "one_shot_ll") in ("two_shot_ll", "two_shot_ll128")
+    two_shot = spec.get("algorithm", "one_shot_ll") in TWO_SHOTS
     if r.get("peer") != rank_r and not (two_shot and r.get("peer") not in (i, None)):
       problems.append(f"{where}: names peer {r.get('peer')}, not {rank_r}")
     if r.get("epoch") != epoch:
@@ -792,6 +884,15 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
       if seen != (SENTINEL_FOLD,) * 3:
         problems.append(f"{where}: flag fields {seen}, not the sentinel's fold "
                         f"{SENTINEL_FOLD} three times (nothing arrived)")
+    elif (spec.get("algorithm") == "two_shot_ll128_atomic"
+          and r.get("flag_expected") == arrival_mask(spec["world"], i)):
+      # The wait for the owner's arrival mask (two_shot_ll128_atomic.cuh):
+      # the expected mask, the mask last seen without the skipped rank's
+      # bit, and that rank named as the peer.
+      if r.get("flag_seen", 0) & (1 << rank_r) or r.get("peer") != rank_r:
+        problems.append(f"{where}: arrival mask {r.get('flag_seen')} of "
+                        f"{r.get('flag_expected')} with peer {r.get('peer')}, not "
+                        f"rank {rank_r}'s bit missing")
     elif r.get("flag_expected") != ((epoch & 0xFFFFFFFF) | 1):
       problems.append(f"{where}: expected flag {r.get('flag_expected')}, not "
                       f"{(epoch & 0xFFFFFFFF) | 1}")
@@ -805,6 +906,12 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
     problems.append(f"the error came {took:.2f} s after the last launch, more than "
                     f"the timeout + {FAULT_SLACK_S:g} s")
   return problems
+
+
+def arrival_mask(world: int, rank: int) -> int:
+  """The arrival mask rank `rank`'s wait expects in two_shot_ll128_atomic:
+  every rank's bit but its own."""
+  return ((1 << world) - 1) & ~(1 << rank)
 
 
 def run_fault_child(spec: dict, env: dict[str, str] | None = None) -> dict:

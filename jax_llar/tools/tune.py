@@ -7,7 +7,8 @@ Measuring needs 2+ CUDA GPUs driven by this process and the CUDA extension.
 For each number of ranks the local GPUs can form (2, 4, 8, 16 up to their
 number, and their number), each payload size per rank (powers of two from
 --min_bytes to --max_bytes, or --sizes) and each dtype, it times lax.psum and
-every jax_llar algorithm that serves the size, each forced in turn, with the
+every jax_llar algorithm that serves the size (but the non-deterministic
+ones, jax_llar.algorithms.NON_DETERMINISTIC), each forced in turn, with the
 JAX level's method: the per-step slope of a jitted chain of K all-reduces
 between two chain lengths, every output first checked bitwise against its
 reference on random data in the same run. Above --long_chain_bytes the
@@ -44,13 +45,15 @@ import time
 from absl import flags
 
 from jax_llar import tuning
-from jax_llar.algorithms import MAX_BYTES, MAX_RANKS, Algorithm
+from jax_llar.algorithms import MAX_BYTES, MAX_RANKS, NON_DETERMINISTIC, Algorithm
 from jax_llar.config import settings
 from jax_llar.tools import _cli, host, report
 from jax_llar.tools.tune_plan import (chain_lengths, default_ranks, default_sizes,
                                       from_results_command)
 
-_NAMES = [a.short_name for a in Algorithm]
+# What a tuning table may choose: every algorithm but the non-deterministic
+# ones (floating-point atomics), which only JAX_LLAR_ALGORITHM runs.
+_NAMES = [a.short_name for a in Algorithm if a not in NON_DETERMINISTIC]
 
 FROM_RESULTS = flags.DEFINE_list(
     "from_results", None,
@@ -104,7 +107,9 @@ flags.register_validator(
     "--dtypes must name f32, bf16 or f16 (or float32, bfloat16, float16)")
 flags.register_validator(
     "algorithms", lambda v: all(a in _NAMES for a in v),
-    "--algorithms must name " + ", ".join(_NAMES))
+    "--algorithms must name " + ", ".join(_NAMES) + " (not a non-deterministic one: "
+    + ", ".join(sorted(a.short_name for a in NON_DETERMINISTIC))
+    + ", which no tuning table may choose)")
 flags.register_validator(
     "sizes", lambda v: v is None or all(s.isdigit() and int(s) > 0 for s in v),
     "--sizes must be positive integers (bytes per rank)")

@@ -67,7 +67,7 @@ enum class DType : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2, kI32 = 3 };
 // AllReduceArgs::epochs.
 enum class Algorithm : int32_t {
   kOneShotLL = 1, kTwoShotLL = 2, kOneShotSentinel = 3, kOneShotLL128 = 4,
-  kNcclLLA2AOneShot = 5, kTwoShotLL128 = 6 };
+  kNcclLLA2AOneShot = 5, kTwoShotLL128 = 6, kTwoShotLL128Atomic = 7 };
 
 // Ids an algorithm may take: 1 .. kMaxAlgorithms - 1. Sizes the per-device
 // state words (one counter set per id), not the launcher table.
@@ -205,6 +205,58 @@ LLAR_HOST_DEVICE constexpr uint32_t TwoShotLL128Offset(int step, int half, int p
               kLL128LinesPerBlock + uint32_t(slot)) * kLL128LineBytes;
 }
 
+// Two-shot LL128 atomic geometry (kernels/two_shot_ll128_atomic.cuh, which
+// states the protocol): the two-shot LL128's chunks, grid and steps; the
+// reduce-scatter adds into an accumulator slot per chunk line on its owner,
+// the all-gather is the two-shot LL128's, in LL128 lines. Largest payload per
+// rank: 4 MiB, the two-shot LL128's (so TwoShotLL128MaxSteps gives the steps).
+inline constexpr std::size_t kTwoShotLL128AtomicMaxBytes = kTwoShotLL128MaxBytes;
+// An accumulator slot per chunk line: lane j of the line's 8 adds into the
+// kAtomicLanePartBytes at kAtomicLanePartBytes * j (float32 words for the
+// float dtypes, a line's 16-bit elements widened, uint32 words for int32);
+// lane 7 uses at most 16 of its bytes, and the 32-bit arrival mask lives at
+// kAtomicArrivalsOffset, inside lane 7's part.
+inline constexpr int kAtomicSlotBytes = 256;
+inline constexpr int kAtomicLanePartBytes = 32;
+inline constexpr int kAtomicArrivalsOffset = 240;
+
+// Bytes of the accumulator slots of the two-shot LL128 atomic's region:
+// steps x two halves x blocks x line slots x kAtomicSlotBytes.
+LLAR_HOST_DEVICE constexpr uint32_t TwoShotLL128AtomicAccBytes(int world) {
+  return TwoShotLL128MaxSteps(world) * 2u * uint32_t(kMaxBlocks) *
+         uint32_t(kLL128LinesPerBlock) * uint32_t(kAtomicSlotBytes);
+}
+
+// Bytes of the two-shot LL128 atomic's region per rank: the accumulator
+// slots, then the all-gather's LL128 line slots (steps x two halves x source
+// ranks x blocks x line slots x 128 B).
+constexpr std::size_t TwoShotLL128AtomicRegionBytes(int world) {
+  return std::size_t(TwoShotLL128AtomicAccBytes(world)) +
+         std::size_t(TwoShotLL128MaxSteps(world)) * 2 * std::size_t(world) *
+             kTwoShotLL128StepLines * kLL128LineBytes;
+}
+
+// Byte offset of the accumulator slot (step, half, block, slot) in the
+// two-shot LL128 atomic's region (32-bit arithmetic as ScratchOffset). Lane
+// j's part is at this offset + kAtomicLanePartBytes * j, the arrival mask at
+// this offset + kAtomicArrivalsOffset.
+LLAR_HOST_DEVICE constexpr uint32_t TwoShotLL128AtomicAccOffset(int step, int half, int block,
+                                                                int slot) {
+  return (((uint32_t(step) * 2 + uint32_t(half)) * kMaxBlocks + uint32_t(block)) *
+              kLL128LinesPerBlock + uint32_t(slot)) * kAtomicSlotBytes;
+}
+
+// Byte offset of the all-gather line slot (step, half, src, block, slot) in
+// the two-shot LL128 atomic's region, after the accumulator slots. A lane's
+// 16-byte part j of the line is at this offset + 16 j.
+LLAR_HOST_DEVICE constexpr uint32_t TwoShotLL128AtomicGatherOffset(int step, int half, int world,
+                                                                   int src, int block, int slot) {
+  return TwoShotLL128AtomicAccBytes(world) +
+         ((((uint32_t(step) * 2 + uint32_t(half)) * uint32_t(world) + uint32_t(src)) *
+               kMaxBlocks + uint32_t(block)) * kLL128LinesPerBlock + uint32_t(slot)) *
+             kLL128LineBytes;
+}
+
 // NCCL LL all-to-all one-shot (llar/nccl_lla2a.h,
 // kernels/nccl_lla2a_one_shot.cuh). Its exchange lives in NCCL's buffer, not
 // in a symmetric region of ours: kMaxBlocks sessions (one per thread block),
@@ -235,6 +287,7 @@ constexpr std::size_t RegionBytes(Algorithm algorithm, int world) {
     case Algorithm::kOneShotLL128: return OneShotLL128RegionBytes(world);
     case Algorithm::kNcclLLA2AOneShot: return NcclLLA2ABufferBytes(world);  // NCCL's
     case Algorithm::kTwoShotLL128: return TwoShotLL128RegionBytes(world);
+    case Algorithm::kTwoShotLL128Atomic: return TwoShotLL128AtomicRegionBytes(world);
   }
   return 0;
 }

@@ -205,6 +205,18 @@ LLAR_API KernelGrid TwoShotLL128Grid(uint32_t n_bytes, int world);
 LLAR_API cudaError_t TwoShotLL128Occupancy(DType dtype, int world, uint32_t threads,
                                            int* regs_per_thread, int* blocks_per_sm);
 
+// two_shot_ll128_atomic.cu: the two-shot LL128 atomic all-reduce
+// (two_shot_ll128_atomic.cuh), payloads up to kTwoShotLL128AtomicMaxBytes per
+// rank, every dtype. NOT deterministic for the float dtypes (atomic additions
+// in arrival order; the header states the rule it keeps); never in a tuning
+// table. Grid: TwoShotLL128GridFor, as the two-shot LL128.
+LLAR_API cudaError_t LaunchTwoShotLL128Atomic(AllReduceArgs args, DType dtype,
+                                              cudaStream_t stream);
+LLAR_API cudaError_t PreloadTwoShotLL128Atomic();
+LLAR_API KernelGrid TwoShotLL128AtomicGrid(uint32_t n_bytes, int world);
+LLAR_API cudaError_t TwoShotLL128AtomicOccupancy(DType dtype, int world, uint32_t threads,
+                                                 int* regs_per_thread, int* blocks_per_sm);
+
 // nccl_lla2a_one_shot.cu: the one-shot all-reduce on NCCL's LL all-to-all
 // session (nccl_lla2a_one_shot.cuh), payloads up to kNcclLLA2AOneShotMaxBytes
 // per rank, every dtype. Grid: OneShotGridFor over 8-byte lines, plus one
@@ -270,6 +282,9 @@ inline constexpr AlgorithmEntry kAlgorithms[] = {
      &NcclLLA2AOneShotSlots},  // Algorithm::kNcclLLA2AOneShot
     {"two_shot_ll128", &LaunchTwoShotLL128, kTwoShotLL128MaxBytes, &PreloadTwoShotLL128,
      &TwoShotLL128Grid, &TwoShotLL128Occupancy, 0},  // Algorithm::kTwoShotLL128
+    {"two_shot_ll128_atomic", &LaunchTwoShotLL128Atomic, kTwoShotLL128AtomicMaxBytes,
+     &PreloadTwoShotLL128Atomic, &TwoShotLL128AtomicGrid, &TwoShotLL128AtomicOccupancy,
+     0},  // Algorithm::kTwoShotLL128Atomic (accumulators and mask zeroed)
 };
 inline constexpr int64_t kAlgorithmCount =
     static_cast<int64_t>(sizeof(kAlgorithms) / sizeof(kAlgorithms[0]));
@@ -279,6 +294,7 @@ static_assert(static_cast<int64_t>(Algorithm::kOneShotSentinel) == 3, "kAlgorith
 static_assert(static_cast<int64_t>(Algorithm::kOneShotLL128) == 4, "kAlgorithms order");
 static_assert(static_cast<int64_t>(Algorithm::kNcclLLA2AOneShot) == 5, "kAlgorithms order");
 static_assert(static_cast<int64_t>(Algorithm::kTwoShotLL128) == 6, "kAlgorithms order");
+static_assert(static_cast<int64_t>(Algorithm::kTwoShotLL128Atomic) == 7, "kAlgorithms order");
 static_assert(kAlgorithmCount <= kMaxAlgorithms, "args.h: kMaxAlgorithms counter sets");
 
 // The table entry of `algorithm`, or nullptr outside the table.
