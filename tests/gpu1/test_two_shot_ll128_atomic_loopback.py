@@ -67,10 +67,10 @@ def test_two_shot_ll128_atomic_synchronised(tmp_path):
 
 
 def test_two_shot_ll128_atomic_ranks_running_ahead_misaligned_several_steps(tmp_path):
-  """No synchronisation between 12 calls, buffers 4 bytes off alignment,
+  """No synchronisation between 8 calls, buffers 4 bytes off alignment,
   from epoch 0; sizes up to the 4 MiB limit (several steps per line slot)."""
   rc, record, tail = run_tool(tmp_path, ATOMIC, "--worlds=2,3,5", "--dtypes=float32,bfloat16",
-                              "--sizes=124,65540,1048580,4194304", "--calls=12", "--sets=3",
+                              "--sizes=124,65540,1048580,4194304", "--calls=8", "--sets=3",
                               "--no_sync", "--misalign=4", "--start_epochs=0", timeout=300)
   assert record is not None, tail
   assert rc == 0 and not _problems(record), tail
