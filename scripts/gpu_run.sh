@@ -34,10 +34,12 @@
 #   loopback  python -m jax_llar.tools.loopback: world sizes 2-16 simulated on
 #           ONE GPU (the protocol logic and the reduction, not NVLink, no
 #           timings): the matrix with and without synchronising the ranks
-#           between calls, from epoch 0 and from across the re-zeroing window
-#           and the 32-bit flag wrap, the generic kernel for 2, 4 and 8 ranks,
-#           and a rank left out of one call (the others must end in the
-#           bounded-wait error; child processes). Writes $OUT/loopback*.json.
+#           between calls, from epoch 0 and from 2^32 - 26 (across the
+#           re-zeroing window, the LL flags' 16-bit and the LL128 flags' 32-bit
+#           epoch wraps), the generic kernel for 2, 4 and 8 ranks, a rank left
+#           out of one call (the others must end in the bounded-wait error) and
+#           a rank paired off by one extra call of another signature (the
+#           foreign-signature error); child processes. Writes $OUT/loopback*.json.
 # Environment: BENCH_ARGS, FLAGS_ARGS, KBENCH_ARGS, SOL_ARGS, GRAPH_ARGS,
 # DEMO_ARGS, SWEEP_ARGS, LOOP_ARGS, LOOPFLAGS_ARGS, CG_ARGS, GPU1_ARGS, SOAK_ARGS, LOOPBACK_ARGS
 # (extra flags of those commands; LOOPBACK_ARGS go to the three matrix runs of
@@ -91,6 +93,9 @@ loopback_stage() {
     --sizes=$LOOPBACK_SIZES ${LOOPBACK_ARGS:-} || rc=1
   $tool --json "$OUT/loopback-fault.json" --skip_rank=1 --skip_call=5 --calls=8 \
     --worlds=2,5,16 --dtypes=float32 --sizes=4096 --timeout_ms=1000 \
+    ${LOOPBACK_FAULT_ARGS:-} || rc=1
+  $tool --json "$OUT/loopback-signature.json" --extra_call_rank=1 --fault_call=5 \
+    --calls=8 --worlds=2,5,16 --dtypes=float32 --sizes=4096 --timeout_ms=10000 \
     ${LOOPBACK_FAULT_ARGS:-} || rc=1
   return $rc
 }

@@ -298,8 +298,11 @@ def _fault_data(spec, reporters=(0, 2)):
     r = dict(code=0, rank=0, peer=0, block=0, line=0, flag_expected=0, flag_seen=0,
              flag_seen2=0, epoch=0, waited_ns=0)
     if i in reporters:
+      # Call skip_call's signature in the LL flag (ll.cuh): sig << 16 | low16(E) | 1.
+      sig = lh.call_signature(0, spec["skip_call"])
       r.update(code=1, rank=i, peer=spec["skip_rank"], block=0, line=3,
-               flag_expected=(epoch & 0xFFFFFFFF) | 1, epoch=epoch, waited_ns=1_000_500_000)
+               flag_expected=(sig << 16) | (epoch & 0xFFFF) | 1, epoch=epoch,
+               waited_ns=1_000_500_000, signature_expected=sig, flag_epoch_bits=16)
     records.append(r)
   return {"calls_launched": spec["skip_call"] + 1, "failed_call": spec["skip_call"],
           "cuda_error": "cudaErrorLaunchFailure: unspecified launch failure",
@@ -322,6 +325,7 @@ def test_fault_verdict_accepts_the_expected_report():
     (lambda d: d["records"][2].update(rank=0), "names rank 0"),
     (lambda d: d["records"][0].update(epoch=14), "epoch 14"),
     (lambda d: d["records"][0].update(flag_expected=3), "expected flag"),
+    (lambda d: d["records"][0].update(signature_expected=0), "expected signature"),
     (lambda d: d["records"][0].update(waited_ns=5), "less than the timeout"),
     (lambda d: d["records"][1].update(code=1, rank=1, peer=1), "skipped rank reported"),
     (lambda d: [r.update(code=0) for r in d["records"]], "no rank reported"),
@@ -408,3 +412,170 @@ def test_run_cases_stops_after_a_lost_context_only_in_process(capsys):
   assert "case 0" in rows[1]["reason"] and "stopped" in capsys.readouterr().out
   rows = harness.run_cases(items(), lambda r: r["status"], in_process=False)
   assert [r["status"] for r in rows] == ["fail", "pass"]
+
+
+# --- call signatures and the signature faults ------------------------------------------
+
+
+def test_call_signatures_mirror_the_native_rule():
+  """loopback.h: LoopbackSignature = 1 + (seed + call) % 65535 and
+  OtherSignature = 1 + (s - 1 + 32768) % 65535."""
+  assert [lh.call_signature(0, c) for c in range(3)] == [1, 2, 3]
+  assert lh.call_signature(65534, 0) == 65535 and lh.call_signature(65534, 1) == 1
+  sigs = [lh.call_signature(7, c) for c in range(70000)]
+  assert min(sigs) == 1 and max(sigs) == 65535
+  assert all(a != b for a, b in zip(sigs, sigs[1:]))  # consecutive calls differ
+  others = np.array([lh.other_signature(s) for s in range(1, 65536)])
+  assert others.min() == 1 and others.max() == 65535
+  assert not (others == np.arange(1, 65536)).any()
+
+
+def test_expected_flags_by_protocol():
+  # LL: the signature in the high half, 16 epoch bits; LL128: 32 epoch bits
+  # in the low half, the signature beside; unsigned algorithms: signature 0.
+  epoch = (1 << 32) + (5 << 16) + 12
+  assert lh.expected_flags("one_shot_ll", epoch, 9) == ((9 << 16) | 13, 9)
+  assert lh.expected_flags("two_shot_ll", epoch, 9) == ((9 << 16) | 13, 9)
+  assert lh.expected_flags("one_shot_ll128", epoch, 9) == ((5 << 16) | 13, 9)
+  assert lh.expected_flags("two_shot_ll128_atomic", epoch, 9) == ((5 << 16) | 13, 0)
+  assert lh.ll_flag(2**16 + 4, 1) == (1 << 16) | 5
+
+
+def test_signature_settings_faults_and_native_arguments():
+  s = lh.Settings(calls=8)
+  assert lh.validate(dataclasses.replace(s, signature_seed=65536))
+  assert lh.fault_errors(s) == [] and lh.fault_errors(s, extra_call_rank=1, fault_call=7) == []
+  assert any("one fault at a time" in e
+             for e in lh.fault_errors(s, skip_rank=1, swap_signature_rank=0))
+  assert any("carries no call signature" in e for e in lh.fault_errors(
+      dataclasses.replace(s, algorithm="one_shot_sentinel"), extra_call_rank=1))
+  assert any("needs signed calls" in e for e in lh.fault_errors(
+      dataclasses.replace(s, signatures=False), swap_signature_rank=1))
+  assert any("fault_call" in e for e in lh.fault_errors(s, extra_call_rank=1, fault_call=8))
+  # The native defaults are the settings' defaults: nothing to pass.
+  assert lh.signature_kwargs({"signatures": True, "signature_seed": 0}) == {}
+  assert lh.signature_kwargs({"signatures": False}) == {"signatures": False,
+                                                         "signature_seed": 0}
+  spec = lh.fault_spec(s, lh.Case(3, "float32", 1024), -1, 0, fault="extra_call",
+                       fault_rank=2, fault_call=4)
+  assert lh.signature_kwargs(spec) == {"extra_call_rank": 2, "fault_call": 4}
+  spec["fault"] = "swap_signature"
+  assert lh.signature_kwargs(spec) == {"swap_signature_rank": 2, "fault_call": 4}
+
+
+def _signature_fault(algorithm="one_shot_ll", fault="extra_call", reporters=(0, 1, 2)):
+  s = lh.Settings(calls=8, timeout_ms=5000, algorithm=algorithm, signature_seed=40)
+  spec = lh.fault_spec(s, lh.Case(3, "float32", 4096, 100), -1, 0, fault=fault,
+                       fault_rank=1, fault_call=4)
+  epoch, sig = 104, lh.call_signature(40, 4)
+  other = lh.other_signature(sig)
+  ll128 = algorithm in lh.LL128_ALGORITHMS
+  records = []
+  for i in range(3):
+    r = dict(code=0, rank=0, peer=0, block=0, line=0, flag_expected=0, flag_seen=0,
+             flag_seen2=0, epoch=0, waited_ns=0, signature_expected=0, signature_seen=0,
+             flag_epoch_bits=0)
+    if i in reporters:
+      mine, theirs = (other, sig) if i == 1 else (sig, other)
+      seen = lh.expected_flags(algorithm, epoch, theirs)[0]
+      r.update(code=2, rank=i, peer=0 if i == 1 else 1, block=0, line=2, epoch=epoch,
+               flag_expected=lh.expected_flags(algorithm, epoch, mine)[0], flag_seen=seen,
+               flag_seen2=theirs if ll128 else seen, waited_ns=0,
+               signature_expected=mine, signature_seen=theirs,
+               flag_epoch_bits=32 if ll128 else 16)
+    records.append(r)
+  data = {"calls_launched": 5, "failed_call": 4, "deadline_exceeded": False,
+          "cuda_error": "cudaErrorLaunchFailure: unspecified launch failure",
+          "seconds_to_error": 3.5, "records": records,
+          "signatures": [lh.call_signature(40, c) for c in range(5)],
+          "fault_signature": other}
+  return spec, data
+
+
+@pytest.mark.parametrize("algorithm", ["one_shot_ll", "two_shot_ll", "one_shot_ll128",
+                                       "two_shot_ll128"])
+@pytest.mark.parametrize("fault", lh.SIGNATURE_FAULTS)
+def test_signature_fault_verdict_accepts_the_expected_report(algorithm, fault):
+  spec, data = _signature_fault(algorithm, fault)
+  assert lh.fault_problems(spec, data) == []
+  # One rank's report suffices (the first trap ends every simulated rank).
+  spec, data = _signature_fault(algorithm, fault, reporters=(2,))
+  assert lh.fault_problems(spec, data) == []
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda d: d.update(cuda_error=None), "was not stopped"),
+    (lambda d: d.update(deadline_exceeded=True), "hang"),
+    (lambda d: d.update(failed_call=5), "call 5"),
+    (lambda d: d.update(fault_signature=3), "native harness used"),
+    (lambda d: d["records"][0].update(code=1), "not 2 (foreign signature)"),
+    (lambda d: d["records"][0].update(peer=2), "peer 2, not 1"),
+    (lambda d: d["records"][1].update(peer=1), "itself"),
+    (lambda d: d["records"][2].update(rank=0), "names rank 0"),
+    (lambda d: d["records"][0].update(epoch=105), "epoch 105"),
+    (lambda d: d["records"][0].update(signature_seen=d["records"][0]["signature_expected"]),
+     "signatures"),
+    (lambda d: d["records"][1].update(flag_seen=0), "flags"),
+    (lambda d: d["records"][2].update(flag_epoch_bits=32), "flag_epoch_bits"),
+    (lambda d: d["records"][0].update(waited_ns=5_000_000_000), "the whole timeout"),
+    (lambda d: [r.update(code=0) for r in d["records"]], "no rank reported"),
+    (lambda d: d.update(seconds_to_error=30.0), "more than the timeout"),
+])
+def test_signature_fault_verdict_names_each_problem(change, words):
+  spec, data = _signature_fault()
+  change(data)
+  problems = lh.fault_problems(spec, data)
+  assert any(words in p for p in problems), problems
+
+
+def test_run_in_signature_fault_mode_runs_children(monkeypatch, capsys):
+  seen = []
+
+  def child(spec, env=None):
+    del env
+    seen.append(spec)
+    if spec["world"] == 4:  # a child that never ends
+      return {"data": None, "rc": None, "hung": True, "tail": ""}
+    _, data = _signature_fault(fault=spec["fault"])
+    return {"data": data, "rc": 0, "hung": False, "tail": ""}
+
+  monkeypatch.setattr(lh, "run_fault_child", child)
+  monkeypatch.setattr(lh.report, "environment", lambda: {"stub": True})
+  s = lh.Settings(worlds=(3, 4), dtypes=("float32",), sizes=(4096,), calls=8,
+                  timeout_ms=5000, start_epochs=(100,), signature_seed=40)
+  result = lh.run(s, swap_signature_rank=1, fault_call=4)
+  rows = result["rows"]
+  assert [r["status"] for r in rows] == ["pass", "fail"]
+  assert "a hang" in rows[1]["problems"][0]
+  assert rows[0]["fault"] == "swap_signature" and rows[0]["fault_signature"]
+  assert seen[0]["fault"] == "swap_signature" and seen[0]["fault_rank"] == 1
+  assert result["settings"]["swap_signature_rank"] == 1
+  assert "swap_signature rank 1 at call 4" in capsys.readouterr().out
+
+
+class _SignedNative(FakeNative):
+  """FakeNative that reports the signatures it gave the calls."""
+
+  def __init__(self, offset=0, **kw):
+    super().__init__(**kw)
+    self.offset = offset
+
+  def loopback(self, raw, dtype, calls, **kw):
+    r = super().loopback(raw, dtype, calls, **kw)
+    r["signatures"] = [lh.call_signature(0, c) + self.offset for c in range(calls)]
+    return r
+
+
+def test_run_case_checks_the_native_signatures(fake_run):
+  s = dataclasses.replace(SMALL, worlds=(2,), dtypes=("float32",), sizes=(100,),
+                          start_epochs=(0,))
+  assert fake_run(_SignedNative(), s)["rows"][0]["status"] == "pass"
+  row = fake_run(_SignedNative(offset=1), s)["rows"][0]
+  assert row["status"] == "fail" and "signatures" in row["signature_mismatch"]
+
+
+def test_cli_refuses_a_signature_fault_it_cannot_detect():
+  p = _cli("--extra_call_rank=1", "--algorithm=one_shot_sentinel", "--dtypes=float32")
+  assert p.returncode == 1 and "carries no call signature" in p.stdout, p.stdout
+  p = _cli("--swap_signature_rank=1", "--skip_rank=0")
+  assert p.returncode == 1 and "one fault at a time" in p.stdout, p.stdout

@@ -26,9 +26,9 @@
 // (LoopbackSignature, as a program's call sites do), so the runs also show
 // that correctly paired calls never see a foreign line; two fault modes pair
 // a call with one of another signature (extra_call_rank, swap_signature_rank)
-// and must end in the foreign-signature report (ErrorRecord code 2). What it does not test: NVLink (every store is local,
-// so neither the ordering of remote stores nor any speed is exercised), NCCL
-// windows, XLA or CUDA graphs.
+// and must end in the foreign-signature report (ErrorRecord code 2). What it
+// does not test: NVLink (every store is local, so neither the ordering of
+// remote stores nor any speed is exercised), NCCL windows, XLA or CUDA graphs.
 //
 // Co-residency: a block of one rank spins until the same block of every
 // other rank has sent, so all ranks' grids must be resident on the device at

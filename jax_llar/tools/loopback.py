@@ -10,6 +10,9 @@
           output the same bits, int32 exact, floats within the atomic-sum
           bound, jax_llar.testing.atomic_sum_violations, not bitwise)
   python -m jax_llar.tools.loopback --skip_rank R --skip_call C [...]   (fault mode)
+  python -m jax_llar.tools.loopback --extra_call_rank R --fault_call C [...]
+  python -m jax_llar.tools.loopback --swap_signature_rank R --fault_call C [...]
+      (signature faults: a call paired with a call of another signature)
   python -m jax_llar.tools.loopback --op add_rms_norm [--shapes 1x4096,8x2048] [...]
       (the fused all-reduce + residual add + RMSNorm: jax_llar.tools.loopback_fused)
 
@@ -26,8 +29,8 @@ advanced once per call.
 
 What this tests: the protocol logic (LL lines and flags, per-warp epochs,
 scratch parity over many consecutive calls, with --no_sync also ranks that
-run calls ahead of each other, the re-zeroing window and the 32-bit flag
-wrap with --start_epochs), the rank-order reduction, the kernels
+run calls ahead of each other, the re-zeroing window and the flags' epoch
+wrap with --start_epochs, call signatures), the rank-order reduction, the kernels
 specialised for 2, 4 and 8 ranks and the run-time-world one, for any world
 size 2-16. What it does not test: NVLink. Every store is local to the one
 GPU, so neither the ordering of remote stores over NVLink nor any speed is
@@ -50,6 +53,17 @@ with a report naming itself as the rank that waited and R as the peer, at
 that call's epoch, within its timeout, never a hang. Each case runs in a
 child process, because the timed-out kernel traps and the CUDA context of
 its process is lost.
+
+Call signatures: every call carries one (a different one per call; the
+signed algorithms, jax_llar.algorithms.SIGNED, put it in their flag words;
+--nosignatures gives every call 0). Signature faults, for the signed
+algorithms: --extra_call_rank R (rank R runs one extra call of another
+signature before call --fault_call: the ranks are paired off by one, as after
+a rank-dependent extra call) and --swap_signature_rank R (rank R's call
+--fault_call carries another signature, as when two programs interleave
+differently on its GPU). Every report must be the foreign-signature error
+(code 2) naming both signatures, written before the timeout ran out, never a
+wrong sum; child processes as in fault mode.
 
 Results: a table on stdout and a JSON file (--json, else
 OUT/<machine>-<yyyymmdd>-loopback<tag>.json) with the environment, the
@@ -124,8 +138,9 @@ TIMEOUT_MS = flags.DEFINE_integer("timeout_ms", 2000,
 START_EPOCHS = flags.DEFINE_list(
     "start_epochs", ["0"],
     "Epoch counters start here; each case runs once per value. Values just below "
-    "a multiple of 2^30 cross the re-zeroing window, just below 2^32 the 32-bit "
-    "flag wrap (e.g. 0,1073741800,4294967270).")
+    "a multiple of 2^14 cross the re-zeroing window (epoch.cuh), of 2^16 the LL "
+    "flags' epoch wrap, of 2^32 the LL128 flags' (e.g. 0,65530,4294967270: 2^32 - 26 "
+    "crosses all three).")
 MISALIGN = flags.DEFINE_integer("misalign", 0,
                                 "Bytes added to every input and output address, 0-15 "
                                 "(not a multiple of 8: the kernels' byte-wise path; 8: "
@@ -147,6 +162,24 @@ SKIP_RANK = flags.DEFINE_integer(
 SKIP_CALL = flags.DEFINE_integer("skip_call", 3, "Fault mode: the call rank "
                                  "--skip_rank misses (0-based, below --calls).",
                                  lower_bound=0)
+SIGNATURES = flags.DEFINE_bool("signatures", True,
+                               "Every call carries a call signature (a different one "
+                               "per call); --nosignatures: every call carries 0.")
+SIGNATURE_SEED = flags.DEFINE_integer("signature_seed", 0,
+                                      "The first call's signature minus one (0-65535).",
+                                      lower_bound=0, upper_bound=65535)
+EXTRA_CALL_RANK = flags.DEFINE_integer(
+    "extra_call_rank", -1,
+    "Signature fault: this rank runs one extra call of another signature before "
+    "call --fault_call; each case runs in a child process and must end in the "
+    "foreign-signature error.", lower_bound=-1, upper_bound=lh.MAX_RANKS - 1)
+SWAP_SIGNATURE_RANK = flags.DEFINE_integer(
+    "swap_signature_rank", -1,
+    "Signature fault: this rank's call --fault_call carries another signature; "
+    "each case runs in a child process and must end in the foreign-signature "
+    "error.", lower_bound=-1, upper_bound=lh.MAX_RANKS - 1)
+FAULT_CALL = flags.DEFINE_integer("fault_call", 3, "The call of a signature fault "
+                                  "(0-based, below --calls).", lower_bound=0)
 OP = flags.DEFINE_enum(
     "op", "all_reduce", ["all_reduce", "add_rms_norm"],
     "all_reduce: the one-shot all-reduce (the flags above). add_rms_norm: the fused "
@@ -184,7 +217,8 @@ def settings_from_flags() -> lh.Settings:
       keep=KEEP.value, max_output_bytes=MAX_OUTPUT_MIB.value << 20, seed=SEED.value,
       device=DEVICE.value, algorithm=ALGORITHM.value, nan_patterns=NAN_PATTERNS.value,
       bitwise_against=BITWISE_AGAINST.value, bitwise_nan=BITWISE_NAN.value,
-      canonical_nan=CANONICAL_NAN.value)
+      canonical_nan=CANONICAL_NAN.value, signatures=SIGNATURES.value,
+      signature_seed=SIGNATURE_SEED.value)
 
 
 def save(result: dict, json_path: str | None, out_dir: str, tag: str) -> str:
@@ -213,16 +247,21 @@ def main() -> int:
   errors = lh.validate(s)
   if SKIP_RANK.value >= 0 and SKIP_CALL.value >= s.calls:
     errors.append("--skip_call must be below --calls")
+  errors += lh.fault_errors(s, SKIP_RANK.value, EXTRA_CALL_RANK.value,
+                            SWAP_SIGNATURE_RANK.value, FAULT_CALL.value)
   if errors:
     print("jax_llar.tools.loopback: " + "; ".join(errors))
     return 1
+  faulty = max(SKIP_RANK.value, EXTRA_CALL_RANK.value, SWAP_SIGNATURE_RANK.value) >= 0
   # In fault mode only the children start CUDA; they say when they cannot.
-  if SKIP_RANK.value < 0 and _native.load() is None:
+  if not faulty and _native.load() is None:
     print(f"jax_llar.tools.loopback needs one CUDA GPU and the CUDA extension: "
           f"{_native.reason()}")
     return 1
   print(lh.NOTE, flush=True)
-  result = lh.run(s, SKIP_RANK.value, SKIP_CALL.value)
+  result = lh.run(s, SKIP_RANK.value, SKIP_CALL.value,
+                  extra_call_rank=EXTRA_CALL_RANK.value,
+                  swap_signature_rank=SWAP_SIGNATURE_RANK.value, fault_call=FAULT_CALL.value)
   path = save(result, JSON.value, OUT.value, TAG.value)
   counts = lh.summary(result["rows"])
   print("cases: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
@@ -241,8 +280,9 @@ def main_add_rms_norm(s: lh.Settings, shapes) -> int:
   if not DTYPES_FLAG.present:  # int32 is not the fused op's
     s = dataclasses.replace(s, dtypes=("float32", "bfloat16", "float16"))
   errors = [e for e in lh.validate(s) if not e.startswith("sizes")]
-  if SKIP_RANK.value >= 0:
-    errors.append("--skip_rank applies to --op all_reduce only")
+  if max(SKIP_RANK.value, EXTRA_CALL_RANK.value, SWAP_SIGNATURE_RANK.value) >= 0:
+    errors.append("--skip_rank, --extra_call_rank and --swap_signature_rank apply to "
+                  "--op all_reduce only")
   if errors:
     print("jax_llar.tools.loopback: " + "; ".join(errors))
     return 1

@@ -37,6 +37,17 @@ call; the others must end in the bounded wait's error, with the report that
 `fault_problems` expects. It runs in a child process
 (`jax_llar.tools.programs.loopback_fault`), because the timed-out kernel
 traps and the CUDA context of its process is lost.
+
+Call signatures (ffi/include/llar/ll.cuh, ``jax_llar.signature``): every
+call carries one (`call_signature`, a different one per call, as a
+program's call sites do), so every run also shows that correctly paired
+calls never meet a foreign line. Two signature faults pair a call with a
+call of another signature (`other_signature`), as two programs interleaved
+differently per GPU or a rank-dependent extra call would: rank R runs one
+extra call before call C ("extra_call"), or R's call C carries the other
+signature ("swap_signature"). Each must end in the foreign-signature report
+(code 2) before the timeout, never in a wrong sum (`signature_fault_problems`),
+in a child process too.
 """
 
 from __future__ import annotations
@@ -157,6 +168,11 @@ class Settings:
       counted: nan_payload_differences).
     canonical_nan: every NaN output must be the canonical NaN (CANONICAL_NAN;
       reduce.cuh's rule for every algorithm).
+    signatures: every call carries the signature `call_signature`
+      (signature_seed, call), a different one per call as a program's call
+      sites have (the algorithms of ``algorithms.SIGNED`` put it in their
+      flags; the others ignore it); False: every call carries 0.
+    signature_seed: 0-65535, the first call's signature minus one.
   """
   worlds: tuple[int, ...] = DEFAULT_WORLDS
   dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16", "int32")
@@ -179,6 +195,8 @@ class Settings:
   bitwise_against: str | None = None
   bitwise_nan: str = "exact"
   canonical_nan: bool = True
+  signatures: bool = True
+  signature_seed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,7 +265,51 @@ def validate(s: Settings) -> list[str]:
     errors.append("keep must be 0 (all calls) or 1-calls")
   if s.max_output_bytes < 1:
     errors.append("max_output_bytes must be positive")
+  if not 0 <= s.signature_seed <= 65535:
+    errors.append("signature_seed must be 0-65535")
   return errors
+
+
+# --- call signatures (ffi/tools/loopback.h, ffi/include/llar/ll.cuh) ------------
+
+# The fault modes that pair a call with one of another signature; each must
+# end in the foreign-signature report (code 2), never in a wrong sum.
+SIGNATURE_FAULTS = ("extra_call", "swap_signature")
+FOREIGN_SIGNATURE = 2  # ErrorRecord code (wait.cuh: kErrorForeignSignature)
+LL128_ALGORITHMS = ("one_shot_ll128", "two_shot_ll128", "two_shot_ll128_atomic")
+
+
+def call_signature(seed: int, call: int) -> int:
+  """The signature the native harness gives call `call` (loopback.h:
+  LoopbackSignature): 1 + (seed + call) mod 65535, never 0, and different
+  for consecutive calls."""
+  return 1 + (seed + call) % 65535
+
+
+def other_signature(sig: int) -> int:
+  """The signature of the fault modes' other call (loopback.h:
+  OtherSignature): nonzero and not `sig` (nonzero)."""
+  return 1 + (sig - 1 + 32768) % 65535
+
+
+def ll_flag(epoch: int, sig: int) -> int:
+  """The LL line's flag word of epoch `epoch` and signature `sig` (ll.cuh:
+  FlagOf): sig << 16 | low16(epoch) | 1."""
+  return (sig << 16) | (epoch & 0xFFFF) | 1
+
+
+def expected_flags(algorithm: str, epoch: int, sig: int) -> tuple[int, int]:
+  """(flag_expected, signature_expected) of a report by `algorithm`'s wait at
+  `epoch` in a call of signature `sig` (0 for an unsigned algorithm): the LL
+  flag, or the LL128 flag word's low half with the signature beside it."""
+  if algorithm not in _SIGNED_NAMES:
+    sig = 0
+  if algorithm in LL128_ALGORITHMS:
+    return (epoch & 0xFFFFFFFF) | 1, sig
+  return ll_flag(epoch, sig), sig
+
+
+_SIGNED_NAMES = frozenset(a.short_name for a in algorithms.SIGNED)
 
 
 def cases(s: Settings) -> list[tuple[Case, str | None]]:
@@ -748,11 +810,20 @@ def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator) -> dic
       return row
   inputs = make_inputs(rng, case, s.sets, s.specials, s.nan_patterns)
   raw = np.ascontiguousarray(inputs).view(np.uint8)
+  sig_kw = signature_kwargs({"signatures": s.signatures,
+                             "signature_seed": s.signature_seed})
   r = mod.loopback(raw, code, s.calls, sync=s.sync, keep=keep, algorithm=algorithm,
                    generic=s.generic,
                    block_lines=s.block_lines, timeout_ms=float(s.timeout_ms),
-                   start_epoch=case.start_epoch, misalign=s.misalign, ordinal=s.device)
+                   start_epoch=case.start_epoch, misalign=s.misalign, ordinal=s.device,
+                   **sig_kw)
   row["seconds"] = r["seconds"]
+  row["signatures"] = s.signatures
+  want_sigs = [call_signature(s.signature_seed, c) if s.signatures else 0
+               for c in range(s.calls)]
+  if r.get("signatures") is not None and list(r["signatures"]) != want_sigs:
+    row["signature_mismatch"] = (f"the native harness gave the calls signatures "
+                                 f"{list(r['signatures'])[:4]}..., not {want_sigs[:4]}...")
   row["max_connections"] = r["max_connections"]
   records = _reported(r["records"])
   if records:
@@ -774,7 +845,7 @@ def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator) -> dic
   row["epoch_mismatch"] = r["epoch_mismatch"]
   ok = (mismatch is None and r["epochs_checked"] and r["epoch_mismatch"] is None
         and not records and outputs.shape[0] == keep
-        and row.get("ranks_bitwise_equal", True))
+        and row.get("ranks_bitwise_equal", True) and "signature_mismatch" not in row)
   if mismatch is not None:
     row["first_mismatch"] = mismatch
   row["nan_bits"] = nan_bits(outputs)
@@ -796,7 +867,9 @@ def _check_bitwise(mod: Any, s: Settings, case: Case, raw: np.ndarray, code: int
   other_id = int(algorithms.Algorithm.from_short_name(s.bitwise_against))
   o = mod.loopback(raw, code, s.calls, sync=s.sync, keep=keep, algorithm=other_id,
                    timeout_ms=float(s.timeout_ms), start_epoch=case.start_epoch,
-                   misalign=s.misalign, ordinal=s.device)
+                   misalign=s.misalign, ordinal=s.device,
+                   **signature_kwargs({"signatures": s.signatures,
+                                       "signature_seed": s.signature_seed}))
   row["bitwise_against"] = s.bitwise_against
   if o["cuda_error"] is not None:
     row["bitwise_error"] = o["cuda_error"]
@@ -819,14 +892,59 @@ def _check_bitwise(mod: Any, s: Settings, case: Case, raw: np.ndarray, code: int
 # --- fault mode ----------------------------------------------------------------------
 
 
-def fault_spec(s: Settings, case: Case, skip_rank: int, skip_call: int) -> dict:
-  """What a fault child runs (its one command-line argument, as JSON)."""
+def fault_spec(s: Settings, case: Case, skip_rank: int, skip_call: int, *,
+               fault: str = "skip", fault_rank: int = -1, fault_call: int = 0) -> dict:
+  """What a fault child runs (its one command-line argument, as JSON).
+
+  `fault` "skip" (skip_rank's kernel left out of call skip_call), or one of
+  SIGNATURE_FAULTS on call `fault_call` of rank `fault_rank`: "extra_call"
+  (the rank first runs one extra call of another signature) or
+  "swap_signature" (the rank's call carries another signature)."""
   return {"world": case.world, "dtype": case.dtype, "n_bytes": case.n_bytes,
           "start_epoch": case.start_epoch, "calls": s.calls, "sync": s.sync,
           "generic": s.generic, "block_lines": s.block_lines,
           "timeout_ms": s.timeout_ms, "misalign": s.misalign, "sets": s.sets,
           "seed": s.seed, "device": s.device, "skip_rank": skip_rank,
-          "skip_call": skip_call, "algorithm": s.algorithm}
+          "skip_call": skip_call, "algorithm": s.algorithm,
+          "signatures": s.signatures, "signature_seed": s.signature_seed,
+          "fault": fault, "fault_rank": fault_rank, "fault_call": fault_call}
+
+
+def fault_errors(s: Settings, skip_rank: int = -1, extra_call_rank: int = -1,
+                 swap_signature_rank: int = -1, fault_call: int = 0) -> list[str]:
+  """What is wrong with a fault request for `s`, one sentence each."""
+  errors = []
+  if sum(r >= 0 for r in (skip_rank, extra_call_rank, swap_signature_rank)) > 1:
+    errors.append("one fault at a time: skip_rank, extra_call_rank or swap_signature_rank")
+  if max(extra_call_rank, swap_signature_rank) >= 0:
+    if s.algorithm not in _SIGNED_NAMES:
+      errors.append(f"{s.algorithm} carries no call signature (algorithms.SIGNED: "
+                    f"{', '.join(sorted(_SIGNED_NAMES))}), so a signature fault cannot "
+                    "be detected")
+    if not s.signatures:
+      errors.append("a signature fault needs signed calls (signatures on)")
+    if not 0 <= fault_call < s.calls:
+      errors.append("fault_call must be one of the calls (below calls)")
+  return errors
+
+
+def signature_kwargs(spec: dict) -> dict:
+  """The native loopback's keyword arguments for `spec`'s signatures and
+  signature fault (none at their defaults: signed calls from seed 0, no
+  signature fault)."""
+  kw = {}
+  if not spec.get("signatures", True) or spec.get("signature_seed", 0):
+    kw.update(signatures=bool(spec.get("signatures", True)),
+              signature_seed=int(spec.get("signature_seed", 0)))
+  fault = spec.get("fault", "skip")
+  if fault in SIGNATURE_FAULTS:
+    kw[f"{fault}_rank"] = spec["fault_rank"]
+    kw["fault_call"] = spec["fault_call"]
+  return kw
+
+
+def _call_signature_of(spec: dict, call: int) -> int:
+  return call_signature(spec.get("signature_seed", 0), call) if spec.get("signatures", True) else 0
 
 
 def fault_problems(spec: dict, data: dict | None) -> list[str]:
@@ -844,7 +962,11 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
   seen, and skip_rank as the peer), and waited at least
   the timeout; the error came within the timeout
   and the trap's wait for the report (wait.cuh) of the last launch; and
-  skip_rank reported nothing.
+  skip_rank reported nothing. The flag expected is that of call skip_call's
+  signature (`expected_flags`).
+
+  A signature fault (``spec["fault"]`` in SIGNATURE_FAULTS) is checked by
+  `signature_fault_problems` instead.
   """
   if data is None:
     return ["the child printed no result"]
@@ -852,6 +974,8 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
     return [f"the child cannot run the harness: {data['unavailable']}"]
   if data.get("skipped"):
     return []
+  if spec.get("fault", "skip") in SIGNATURE_FAULTS:
+    return signature_fault_problems(spec, data)
   problems = []
   rank_r, call = spec["skip_rank"], spec["skip_call"]
   timeout_s = spec["timeout_ms"] / 1e3
@@ -893,9 +1017,14 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
         problems.append(f"{where}: arrival mask {r.get('flag_seen')} of "
                         f"{r.get('flag_expected')} with peer {r.get('peer')}, not "
                         f"rank {rank_r}'s bit missing")
-    elif r.get("flag_expected") != ((epoch & 0xFFFFFFFF) | 1):
-      problems.append(f"{where}: expected flag {r.get('flag_expected')}, not "
-                      f"{(epoch & 0xFFFFFFFF) | 1}")
+    else:
+      want_flag, want_sig = expected_flags(spec.get("algorithm", "one_shot_ll"), epoch,
+                                           _call_signature_of(spec, call))
+      if r.get("flag_expected") != want_flag:
+        problems.append(f"{where}: expected flag {r.get('flag_expected')}, not {want_flag}")
+      if r.get("signature_expected", 0) != want_sig:
+        problems.append(f"{where}: expected signature {r.get('signature_expected')}, not "
+                        f"{want_sig}")
     if r.get("waited_ns", 0) < spec["timeout_ms"] * 1e6:
       problems.append(f"{where}: waited {r.get('waited_ns')} ns, less than the timeout")
   took = data.get("seconds_to_error")
@@ -903,6 +1032,82 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
   # (at most one second, wait.cuh), the driver's handling of the trap until
   # the host sees the error (benchmarks/NOTES.md, entry 27) and slack.
   if took is not None and data.get("cuda_error") and took > timeout_s + FAULT_SLACK_S:
+    problems.append(f"the error came {took:.2f} s after the last launch, more than "
+                    f"the timeout + {FAULT_SLACK_S:g} s")
+  return problems
+
+
+def signature_fault_problems(spec: dict, data: dict) -> list[str]:
+  """Why a signature fault child's report is not the foreign-signature error
+  expected of `spec`, one sentence each; empty when it is.
+
+  Expected: the run stopped with a CUDA error (the trap) at call
+  fault_call, before the host deadline; the native harness used the
+  signatures `call_signature` and `other_signature` give; at least one rank
+  reported; every report has code 2 (a foreign signature, never a timeout:
+  the other call's line is there to see), is about the rank that wrote it,
+  at call fault_call's epoch, and was written before the timeout ran out.
+  The fault rank's report (its call carries the other signature, S') names
+  another rank as the peer, S' as expected and the call's signature S as
+  seen; every other rank's names the fault rank, S expected and S' seen. The
+  flags are the two calls' flags of that epoch (`expected_flags`; an LL line
+  seen with both flag words equal). Not every rank need report: the first
+  trap ends every simulated rank's kernel (one CUDA context).
+  """
+  problems = []
+  rank_r, call = spec["fault_rank"], spec["fault_call"]
+  algorithm = spec.get("algorithm", "one_shot_ll")
+  epoch = spec["start_epoch"] + call
+  sig = _call_signature_of(spec, call)
+  other = other_signature(sig)
+  if data.get("deadline_exceeded"):
+    problems.append("the kernels still ran at the host deadline (a hang)")
+  if not data.get("cuda_error"):
+    problems.append("no CUDA error: the mispaired call was not stopped")
+  if data.get("failed_call") != call:
+    problems.append(f"the error came at call {data.get('failed_call')}, not {call}")
+  native = data.get("signatures")
+  if native is not None and (len(native) <= call or native[call] != sig
+                             or data.get("fault_signature") != other):
+    problems.append(f"the native harness used signatures {native} and "
+                    f"{data.get('fault_signature')}, not {sig} and {other} at call {call}")
+  records = data.get("records") or []
+  reported = [(i, r) for i, r in enumerate(records) if r.get("code")]
+  if not reported:
+    problems.append("no rank reported")
+  ll128 = algorithm in LL128_ALGORITHMS
+  for i, r in reported:
+    where = f"rank {i}'s report"
+    if r.get("code") != FOREIGN_SIGNATURE:
+      problems.append(f"{where}: code {r.get('code')}, not {FOREIGN_SIGNATURE} "
+                      "(foreign signature)")
+    if r.get("rank") != i:
+      problems.append(f"{where}: names rank {r.get('rank')} as the one that waited")
+    if r.get("epoch") != epoch:
+      problems.append(f"{where}: epoch {r.get('epoch')}, not {epoch}")
+    mine, theirs = (other, sig) if i == rank_r else (sig, other)
+    if i == rank_r and r.get("peer") in (rank_r, None):
+      problems.append(f"{where}: names peer {r.get('peer')}, itself")
+    if i != rank_r and r.get("peer") != rank_r:
+      problems.append(f"{where}: names peer {r.get('peer')}, not {rank_r}")
+    if (r.get("signature_expected"), r.get("signature_seen")) != (mine, theirs):
+      problems.append(f"{where}: signatures {r.get('signature_expected')} expected and "
+                      f"{r.get('signature_seen')} seen, not {mine} and {theirs}")
+    want_flag, _ = expected_flags(algorithm, epoch, mine)
+    seen_flag, _ = expected_flags(algorithm, epoch, theirs)
+    seen = (r.get("flag_seen"), r.get("flag_seen2"))
+    want_seen = (seen_flag, theirs) if ll128 else (seen_flag, seen_flag)
+    if r.get("flag_expected") != want_flag or seen != want_seen:
+      problems.append(f"{where}: flags {r.get('flag_expected')} expected and {seen} seen, "
+                      f"not {want_flag} and {want_seen}")
+    if r.get("flag_epoch_bits") != (32 if ll128 else 16):
+      problems.append(f"{where}: flag_epoch_bits {r.get('flag_epoch_bits')}")
+    if r.get("waited_ns", 0) >= spec["timeout_ms"] * 1e6:
+      problems.append(f"{where}: waited {r.get('waited_ns')} ns, the whole timeout "
+                      "(the foreign line was not seen at once)")
+  took = data.get("seconds_to_error")
+  if took is not None and data.get("cuda_error") and (
+      took > spec["timeout_ms"] / 1e3 + FAULT_SLACK_S):
     problems.append(f"the error came {took:.2f} s after the last launch, more than "
                     f"the timeout + {FAULT_SLACK_S:g} s")
   return problems
@@ -944,15 +1149,19 @@ def run_fault_child(spec: dict, env: dict[str, str] | None = None) -> dict:
           "tail": (p.stdout + p.stderr)[-2000:]}
 
 
-def run_fault_case(s: Settings, case: Case, skip_rank: int, skip_call: int) -> dict:
-  """One fault case in a child process; its row (status "pass" when the
-  report is what `fault_problems` expects)."""
-  spec = fault_spec(s, case, skip_rank, skip_call)
+def run_fault_case(s: Settings, case: Case, skip_rank: int, skip_call: int, *,
+                   fault: str = "skip", fault_rank: int = -1, fault_call: int = 0) -> dict:
+  """One fault case in a child process (`fault_spec`'s fault); its row
+  (status "pass" when the report is what `fault_problems` expects)."""
+  spec = fault_spec(s, case, skip_rank, skip_call, fault=fault, fault_rank=fault_rank,
+                    fault_call=fault_call)
   row = {"impl": impl(s) + ".fault", "world_size": case.world, "dtype": case.dtype,
          "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
          "calls": s.calls, "sync": s.sync, "generic": s.generic,
          "skip_rank": skip_rank, "skip_call": skip_call, "timeout_ms": s.timeout_ms,
          "status": "fail", "correct": False}
+  if fault in SIGNATURE_FAULTS:
+    row.update(fault=fault, fault_rank=fault_rank, fault_call=fault_call)
   t0 = time.monotonic()
   child = run_fault_child(spec)
   row["child_seconds"] = round(time.monotonic() - t0, 3)
@@ -969,6 +1178,8 @@ def run_fault_case(s: Settings, case: Case, skip_rank: int, skip_call: int) -> d
   if data is not None:
     row.update({k: data.get(k) for k in ("cuda_error", "failed_call", "seconds_to_error",
                                          "deadline_exceeded", "plan")})
+    if fault in SIGNATURE_FAULTS:
+      row["fault_signature"] = data.get("fault_signature")
     row["records"] = _reported(data.get("records") or [])
   if problems:
     row["problems"] = problems
@@ -987,7 +1198,9 @@ def _line(row: dict) -> str:
   head = (f"W={row['world_size']:<2d} {row['dtype']:9s} {row['bytes_per_rank']:7d} B "
           f"e0={row['start_epoch']:<10d} {kernel:9s} ")
   status = row["status"].upper()
-  if "skip_rank" in row:
+  if row.get("fault") in SIGNATURE_FAULTS:
+    head += f"{row['fault']} rank {row['fault_rank']} at call {row['fault_call']}: "
+  elif "skip_rank" in row:
     head += f"skip rank {row['skip_rank']} at call {row['skip_call']}: "
   elif row["status"] in ("pass", "fail"):
     head += f"{row['calls_checked']:3d}/{row['calls']} calls checked: "
@@ -1012,7 +1225,14 @@ def _line(row: dict) -> str:
     detail = f" {row['cuda_error']}"
   elif row.get("epoch_mismatch"):
     detail = f" {row['epoch_mismatch']}"
-  if row.get("records") and "skip_rank" in row:
+  elif row.get("signature_mismatch"):
+    detail = f" {row['signature_mismatch']}"
+  if row.get("records") and row.get("fault") in SIGNATURE_FAULTS:
+    r = row["records"][0]
+    detail += (f" (rank {r['rank']}, signature {r.get('signature_expected')}, met rank "
+               f"{r['peer']}'s line of signature {r.get('signature_seen')} at epoch "
+               f"{r['epoch']}, code {r['code']}; {len(row['records'])} report(s))")
+  elif row.get("records") and "skip_rank" in row:
     r = row["records"][0]
     detail += (f" (rank {r['rank']} waited for rank {r['peer']}, block {r['block']}, "
                f"line {r['line']}, epoch {r['epoch']}; {len(row['records'])} report(s))")
@@ -1061,9 +1281,13 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
   return rows
 
 
-def run(s: Settings, skip_rank: int = -1, skip_call: int = 0) -> dict:
-  """Runs every case of `s` (fault mode when skip_rank >= 0); prints one
-  line per case as it goes.
+def run(s: Settings, skip_rank: int = -1, skip_call: int = 0, *,
+        extra_call_rank: int = -1, swap_signature_rank: int = -1,
+        fault_call: int = 0) -> dict:
+  """Runs every case of `s` (fault mode when skip_rank, extra_call_rank or
+  swap_signature_rank is >= 0, at most one of them: `fault_spec`'s faults,
+  the signature ones on call `fault_call`); prints one line per case as it
+  goes.
 
   Returns:
     ``{"env", "level": "loopback", "note", "settings", "rows"}``.
@@ -1076,26 +1300,37 @@ def run(s: Settings, skip_rank: int = -1, skip_call: int = 0) -> dict:
     RuntimeError: when the native tools module is unavailable (not in
       fault mode, where each child says so).
   """
-  mod = _native.require("python -m jax_llar.tools.loopback") if skip_rank < 0 else None
+  fault, fault_rank = "skip", skip_rank
+  if extra_call_rank >= 0:
+    fault, fault_rank = "extra_call", extra_call_rank
+  elif swap_signature_rank >= 0:
+    fault, fault_rank = "swap_signature", swap_signature_rank
+  faulty = fault_rank >= 0
+  mod = _native.require("python -m jax_llar.tools.loopback") if not faulty else None
   rng = np.random.default_rng(s.seed)
 
   def items():
     for case, reason in cases(s):
-      if reason is None and skip_rank >= case.world:
-        reason = f"no rank {skip_rank} in a group of {case.world}"
+      if reason is None and fault_rank >= case.world:
+        reason = f"no rank {fault_rank} in a group of {case.world}"
       base = {"impl": impl(s), "world_size": case.world, "dtype": case.dtype,
               "bytes_per_rank": case.n_bytes, "start_epoch": case.start_epoch,
               "status": "error", "correct": False}
-      if skip_rank >= 0:
+      if fault in SIGNATURE_FAULTS:
+        go = functools.partial(run_fault_case, s, case, -1, 0, fault=fault,
+                               fault_rank=fault_rank, fault_call=fault_call)
+      elif faulty:
         go = functools.partial(run_fault_case, s, case, skip_rank, skip_call)
       else:
         go = functools.partial(run_case, mod, s, case, rng)
       yield base, reason, go, f"W={case.world} {case.dtype} {case.n_bytes} B"
 
-  rows = run_cases(items(), _line, in_process=skip_rank < 0)
+  rows = run_cases(items(), _line, in_process=not faulty)
   return {"env": report.environment(), "level": "loopback", "note": NOTE,
-          "settings": dataclasses.asdict(s) | {"skip_rank": skip_rank,
-                                               "skip_call": skip_call},
+          "settings": dataclasses.asdict(s) | {
+              "skip_rank": skip_rank, "skip_call": skip_call,
+              "extra_call_rank": extra_call_rank,
+              "swap_signature_rank": swap_signature_rank, "fault_call": fault_call},
           "rows": rows}
 
 

@@ -36,7 +36,8 @@ def test_every_dtype_and_shape_two_ranks(tmp_path):
 def test_world_sizes_wide_rows_and_epoch_windows(tmp_path):
   """4 and 8 ranks (specialised), 3 and 5 (the run-time world-size kernel),
   the widest row (8 blocks of 512 lines), odd cluster splits, from epoch 0,
-  across the re-zeroing window and across the 32-bit flag wrap."""
+  across the re-zeroing window (every 2^14 epochs) and the LL flags' 16-bit
+  epoch wrap (2^30 and 2^32 are multiples of both)."""
   rc, record, tail = run_tool(tmp_path, "--worlds=3,4,5,8", "--dtypes=bfloat16,float32",
                               "--shapes=1x16384,1x640,3x5120,64x64,8x4096", "--calls=6",
                               "--start_epochs=0,1073741821,4294967293")

@@ -8,7 +8,8 @@ every dtype, sizes of one element, odd sizes, sizes one element below, at
 and above multiples of the 120-byte line (the first line, a block's lines,
 the one-shot LL's limit), the LL128's limit, 8-byte misaligned buffers,
 consecutive calls with and without synchronising the ranks, from epoch 0,
-across the re-zeroing window and across the 32-bit flag wrap; a rank left
+across the re-zeroing window (every 2^14 epochs) and across the flag word's
+32-bit epoch wrap; a rank left
 out of one call ends in the bounded wait's error. What passes here is the
 protocol logic and the reduction on one GPU's L2, not NVLink: every store is
 local (tests/gpu/test_ll128.py is the 2-GPU suite).
@@ -52,19 +53,20 @@ def _passed(record):
 
 def test_ll128_every_world_size_synchronised(tmp_path):
   """Worlds 2, 3, 4, 5, 8, 16, every dtype, 20 calls, from epoch 0 and
-  across the flag wrap (with the re-zeroing window before it); one element,
+  from 2^32 - 16: across the re-zeroing window and the flag word's 32-bit
+  epoch wrap (and the LL flags' 16-bit one) within the 20 calls; one element,
   odd sizes, one element either side of a line and of 35 lines, beyond the
   one-shot LL's limit and at the LL128's."""
   sizes = "4,6,116,118,120,122,124,4196,4200,4204,98304,491520"
   rc, record, tail = run_tool(tmp_path, LL128, "--worlds=2,3,4,5,8,16",
                               "--dtypes=float32,bfloat16,float16,int32",
                               f"--sizes={sizes}", "--calls=20",
-                              "--start_epochs=0,4294967270", timeout=1200)
+                              "--start_epochs=0,4294967280", timeout=1200)
   assert record is not None, tail
   assert rc == 0 and not _problems(record), tail
   passed = _passed(record)
   for world in (2, 3, 4, 5, 8):
-    for e in (0, 4294967270):
+    for e in (0, 4294967280):
       for n in (4, 116, 120, 124, 4196, 4200, 4204, 98304):
         for dtype in ("float32", "int32", "bfloat16", "float16"):
           assert (world, dtype, n, e) in passed, (world, dtype, n, e, tail)

@@ -15,7 +15,8 @@ from loopback_helpers import run_tool, statuses
 
 def test_every_world_size_synchronised(tmp_path):
   """Specialised (2, 4, 8) and generic kernels, every dtype, tails and full
-  lines, from epoch 0 and across the re-zeroing window and the flag wrap."""
+  lines, from epoch 0 and from 2^32 - 6: across the re-zeroing window
+  (every 2^14 epochs) and the LL flags' 16-bit epoch wrap."""
   rc, record, tail = run_tool(tmp_path, "--worlds=2,3,4,5,8,16",
                               "--dtypes=float32,bfloat16,float16,int32",
                               "--sizes=4,6,100,4096,65536", "--calls=20",

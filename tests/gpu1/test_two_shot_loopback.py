@@ -4,9 +4,10 @@ simulated on it): ``python -m jax_llar.tools.loopback --algorithm=two_shot_ll``.
 Sizes below, at and beyond the one-shot limit up to the two-shot's 4 MiB,
 element and line counts not divisible by the number of ranks (chunks of
 unequal length, payloads of fewer lines than ranks), 50 calls, synchronised
-and not, from epoch 0, across the re-zeroing window and across the 32-bit
-flag wrap. What passes here is the protocol logic and the reduction, not
-NVLink: every store is local to the one GPU.
+and not, from epoch 0, across the re-zeroing window (every 2^14 epochs) and
+across the LL flags' 16-bit epoch wrap (2^32 - 26 + 50 calls crosses both).
+What passes here is the protocol logic and the reduction, not NVLink: every
+store is local to the one GPU.
 """
 
 from __future__ import annotations

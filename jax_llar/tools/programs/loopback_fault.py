@@ -4,17 +4,19 @@
 
 SPEC_JSON is `jax_llar.tools.loopback_harness.fault_spec`'s object: the
 case (world, dtype, n_bytes, start_epoch, calls, sync, generic, block_lines,
-timeout_ms, misalign, sets, seed, device) and the fault (skip_rank,
-skip_call). Runs the native harness with rank skip_rank's kernel left out of
-call skip_call; the other ranks' bounded waits then time out and trap, which
+timeout_ms, misalign, sets, seed, device, signatures, signature_seed) and the
+fault: "skip" (rank skip_rank's kernel left out of call skip_call; the other
+ranks' bounded waits then time out and trap) or a signature fault on call
+fault_call of rank fault_rank ("extra_call", "swap_signature": the ranks'
+waits meet a line of another call's signature and trap at once). A trap
 loses this process's CUDA context.
 
 Prints one JSON line: ``{"unavailable"}`` (why the native tools module
 cannot be loaded), ``{"skipped"}`` (why the case cannot run here: its
 ranks' grids are not co-resident), or ``{"plan", "calls_launched",
 "failed_call", "cuda_error", "deadline_exceeded", "seconds_to_error",
-"records" (one per rank)}``; then exits at once, without the teardown that
-a lost context could hang.
+"records" (one per rank), "signatures" (each call's), "fault_signature"}``;
+then exits at once, without the teardown that a lost context could hang.
 """
 
 from __future__ import annotations
@@ -62,9 +64,11 @@ def main(argv: list[str]) -> int:
                      block_lines=spec["block_lines"], timeout_ms=float(spec["timeout_ms"]),
                      start_epoch=spec["start_epoch"], misalign=spec["misalign"],
                      skip_rank=spec["skip_rank"], skip_call=spec["skip_call"],
-                     ordinal=spec["device"])
+                     ordinal=spec["device"], **lh.signature_kwargs(spec))
     out = {k: r[k] for k in ("calls_launched", "failed_call", "cuda_error",
                              "deadline_exceeded", "seconds_to_error", "max_connections")}
+    out["signatures"] = [int(v) for v in r.get("signatures", [])]
+    out["fault_signature"] = int(r.get("fault_signature", 0))
     out["plan"] = dict(r["plan"])
     out["records"] = [dict(x) for x in r["records"]]
   print(json.dumps(out, default=str), flush=True)
