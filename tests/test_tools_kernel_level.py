@@ -23,31 +23,38 @@ class FakeTools:
     self.calls = []
 
   def kernel_bench(self, comm_id, kind, dtype, inputs, iters, reps, variant="",
-                   generic=False, block_lines=0):
+                   generic=False, block_lines=0, signature=0):
     self.calls.append(dict(comm_id=comm_id, kind=kind, dtype=dtype, iters=iters,
                            reps=reps, variant=variant, generic=generic,
-                           block_lines=block_lines, n=len(inputs)))
+                           block_lines=block_lines, n=len(inputs), signature=signature))
     return [[1.5] * len(inputs) for _ in range(reps)], list(inputs)
 
 
-@pytest.mark.parametrize("impl,kind,variant,generic,block_lines", [
-    ("llar.one_shot_ll", "one_shot_ll", "", False, 0),
-    ("kernel.copy", "copy", "", False, 0),
-    ("nccl.allreduce", "nccl", "", False, 0),
-    ("diag.one_shot_ll_loopback", "one_shot_ll", "loopback", False, 0),
-    ("diag.one_shot_ll_send_loopback", "one_shot_ll", "send_loopback", False, 0),
-    ("diag.one_shot_ll_traced", "one_shot_ll", "traced", False, 0),
-    ("diag.one_shot_ll_generic", "one_shot_ll", "", True, 0),
-    ("diag.one_shot_ll_b128", "one_shot_ll", "", False, 128),
-    ("diag.one_shot_ll_b256", "one_shot_ll", "", False, 256),
+SIG = kernel_level.BENCH_SIGNATURE
+
+
+@pytest.mark.parametrize("impl,kind,variant,generic,block_lines,signature", [
+    ("llar.one_shot_ll", "one_shot_ll", "", False, 0, SIG),
+    ("kernel.copy", "copy", "", False, 0, SIG),
+    ("nccl.allreduce", "nccl", "", False, 0, SIG),
+    ("diag.one_shot_ll_loopback", "one_shot_ll", "loopback", False, 0, SIG),
+    ("diag.one_shot_ll_send_loopback", "one_shot_ll", "send_loopback", False, 0, SIG),
+    ("diag.one_shot_ll_traced", "one_shot_ll", "traced", False, 0, SIG),
+    ("diag.one_shot_ll_generic", "one_shot_ll", "", True, 0, SIG),
+    ("diag.one_shot_ll_b128", "one_shot_ll", "", False, 128, SIG),
+    ("diag.one_shot_ll_b256", "one_shot_ll", "", False, 256, SIG),
+    # What signatures cost: the kernel compiled without them; and signature 0.
+    ("diag.one_shot_ll_unsigned", "one_shot_ll", "unsigned", False, 0, 0),
+    ("diag.one_shot_ll_sig0", "one_shot_ll", "", False, 0, 0),
 ])
-def test_impl_names_map_to_structured_arguments(impl, kind, variant, generic, block_lines):
+def test_impl_names_map_to_structured_arguments(impl, kind, variant, generic, block_lines,
+                                                signature):
   tools = FakeTools()
   inputs = [np.arange(5, dtype=np.float32) + r for r in range(2)]
   us, outs = kernel_level.bench(tools, 7, KERNEL_IMPLS[impl], inputs, 50, 3)
   (call,) = tools.calls
   assert call == dict(comm_id=7, kind=kind, dtype=0, iters=50, reps=3, variant=variant,
-                      generic=generic, block_lines=block_lines, n=2)
+                      generic=generic, block_lines=block_lines, n=2, signature=signature)
   assert us == [[1.5, 1.5]] * 3
   assert all(o.dtype == np.float32 for o in outs)
 

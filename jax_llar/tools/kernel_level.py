@@ -8,6 +8,13 @@ The native kernel bench (``jax_llar.tools._llar_tools.kernel_bench``) does
 the capture and timing; this module maps impl names to its arguments and
 checks every output bitwise against a host reference. The method is
 described in benchmarks/METHOD.md in the repository.
+
+Call signatures: every call of an algorithm carries BENCH_SIGNATURE, as a
+production call carries its own (``jax_llar.signature``). What signatures
+cost is ``llar.one_shot_ll`` against ``diag.one_shot_ll_unsigned`` (the
+one-shot compiled without them: the flag rule and the wait from before
+signatures) in the same run; ``diag.one_shot_ll_sig0`` runs the production
+kernel with signature 0, the same instructions as with any other value.
 """
 
 from __future__ import annotations
@@ -27,6 +34,10 @@ SUM = "sum"            # the float64 rank-order sum of all inputs, rounded once
 OWN_INPUT = "own"      # the rank's own input (a copy)
 LOOPBACK = "loopback"  # the rank's own input summed world-size times
 NCCL = "nccl"          # NCCL's sum: bitwise for two ranks, else within 1e-2
+
+# The signature every call of an algorithm carries (any nonzero value: the
+# kernels run the same instructions for every value).
+BENCH_SIGNATURE = 0x5A5A
 ATOMIC_SUM = "atomic_sum"  # a non-deterministic algorithm's rule: every rank the
                            # same bits, each element within
                            # testing.atomic_sum_violations's bound (int32 exact)
@@ -40,19 +51,22 @@ class KernelImpl:
     kind: an algorithm's short name (``"one_shot_ll"``, ``"two_shot_ll"``,
       ...), ``"copy"`` or ``"nccl"``.
     variant: one_shot_ll only: ``""`` (the all-reduce), ``"loopback"``,
-      ``"send_loopback"`` or ``"traced"``.
+      ``"send_loopback"``, ``"traced"`` or ``"unsigned"`` (compiled without
+      call signatures).
     generic: one_shot_ll only: the run-time world-size kernel.
     block_lines: one_shot_ll only: lines per block of the grid rule (0: the
       production rule).
     expect: the reference its outputs must equal (SUM, OWN_INPUT, LOOPBACK,
       NCCL), or the rule they keep (ATOMIC_SUM: the algorithms of
       NON_DETERMINISTIC).
+    signature: every call's signature (AllReduceArgs::signature).
   """
   kind: str
   variant: str = ""
   generic: bool = False
   block_lines: int = 0
   expect: str = SUM
+  signature: int = BENCH_SIGNATURE
 
 
 KERNEL_IMPLS = {
@@ -81,6 +95,12 @@ KERNEL_IMPLS = {
     # The grid rule with 128 or 256 lines per block instead of the production rule.
     "diag.one_shot_ll_b128": KernelImpl("one_shot_ll", block_lines=128),
     "diag.one_shot_ll_b256": KernelImpl("one_shot_ll", block_lines=256),
+    # The one-shot compiled without call signatures (one_shot_ll_diag.h,
+    # kUnsigned): llar.one_shot_ll minus this is what signatures cost.
+    "diag.one_shot_ll_unsigned": KernelImpl("one_shot_ll", "unsigned", signature=0),
+    # The production one-shot with signature 0 (the foreign check can then
+    # never fire): the same instructions as llar.one_shot_ll.
+    "diag.one_shot_ll_sig0": KernelImpl("one_shot_ll", signature=0),
 }
 # Calls per graph for NCCL (its per-call cost is higher; fewer calls suffice).
 NCCL_ITERS = 200
@@ -152,7 +172,7 @@ def bench(mod, comm_id: int, spec: KernelImpl, inputs: Sequence[np.ndarray], ite
   us, outs = mod.kernel_bench(comm_id, spec.kind, mod.DTYPE_CODES[str(dtype)],
                               [np.ascontiguousarray(x).tobytes() for x in inputs],
                               iters, reps, variant=spec.variant, generic=spec.generic,
-                              block_lines=spec.block_lines)
+                              block_lines=spec.block_lines, signature=spec.signature)
   return [list(r) for r in us], [np.frombuffer(o, dtype) for o in outs]
 
 

@@ -1,8 +1,11 @@
 """Kernel variants through the native kernel bench, bitwise against the
 reference: the production one-shot kernel, the run-time world-size kernel
 (groups of other than 2, 4 or 8 ranks), the grid rule with 256 lines per
-block, the run-time world-size kernel with 128 lines per block, and the
-send-and-loopback diagnostic; 50 calls per graph, one replay.
+block, the run-time world-size kernel with 128 lines per block, the
+send-and-loopback diagnostic, and the one-shot compiled without call
+signatures and run with signature 0 (the kernel level's measure of what
+signatures cost; each run after the signed ones on the same scratch and
+epoch counters); 50 calls per graph, one replay.
 
     python kernel_variants.py DTYPE      (float32, bfloat16 or float16)
 
@@ -30,6 +33,8 @@ VARIANTS = {
     "b256": KERNEL_IMPLS["diag.one_shot_ll_b256"],
     "generic_b128": KernelImpl("one_shot_ll", generic=True, block_lines=128),
     "send_loopback": KERNEL_IMPLS["diag.one_shot_ll_send_loopback"],
+    "unsigned": KERNEL_IMPLS["diag.one_shot_ll_unsigned"],
+    "sig0": KERNEL_IMPLS["diag.one_shot_ll_sig0"],
 }
 
 dtype = np.dtype(ml_dtypes.bfloat16) if sys.argv[1] == "bfloat16" else np.dtype(sys.argv[1])
