@@ -10,7 +10,8 @@ module ``jax_llar._llar`` exports them as ``ALGORITHMS``, ``MAX_BYTES`` and
 
 Algorithms:
   ONE_SHOT_LL (1): every rank stores its payload, packed in 16-byte LL lines
-    ``{d0, epoch, d1, epoch}``, into every rank's symmetric scratch, then
+    ``{d0, flag, d1, flag}`` (the flag: the call's signature and the epoch's
+    low 16 bits, `SIGNED`), into every rank's symmetric scratch, then
     polls its own scratch for the peers' lines and reduces the ranks in rank
     order; no barrier at entry or exit (arXiv 2607.16100, section 4.1; the LL
     protocol of NCCL). Payload per rank: up to 64 blocks x 512 lines x 8 bytes.
@@ -35,7 +36,8 @@ Algorithms:
     cleared. Half the bytes of the LL on the wire; float32, bfloat16 and float16
     only (`dtype_refusal`: an int32 word of all ones, -1 twice, cannot be
     changed without changing the sum). Payload per rank: up to 64 blocks x
-    512 lines x 16 bytes. Not in the tuning table yet; reachable with
+    512 lines x 16 bytes. Its lines carry no call signature (no flag word:
+    not in `SIGNED`). Not in the tuning table yet; reachable with
     JAX_LLAR_ALGORITHM=one_shot_sentinel.
   ONE_SHOT_LL128 (4): the one-shot in NCCL's LL128 line format: 128-byte
     lines of 120 payload bytes and an 8-byte flag word, each stored by 8 lanes
@@ -61,7 +63,8 @@ Algorithms:
     2.28; later versions only poll an abort flag); a watchdog warp per block
     bounds it with the library's timeout, report and trap
     (ffi/src/kernels/nccl_lla2a_one_shot.cuh). Needs distinct GPUs: the
-    one-GPU loopback harness refuses it. Payload per rank: up to 64 blocks x
+    one-GPU loopback harness refuses it. Its lines carry NCCL's flags, no
+    call signature (not in `SIGNED`). Payload per rank: up to 64 blocks x
     512 lines x 8 bytes. Not in the shipped tuning table (``tune`` measures
     it with the others); reachable with JAX_LLAR_ALGORITHM=nccl_lla2a_one_shot,
     and measured by the kernel level as ``nccl.lla2a_one_shot``.

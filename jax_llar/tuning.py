@@ -60,7 +60,7 @@ import threading
 from typing import Any, Iterable, Mapping, Sequence
 
 from jax_llar import policy
-from jax_llar.algorithms import MAX_BYTES, NON_DETERMINISTIC, Algorithm
+from jax_llar.algorithms import MAX_BYTES, NON_DETERMINISTIC, SIGNED, Algorithm
 from jax_llar.config import settings
 
 FORMAT = "jax_llar.tuning/1"
@@ -482,15 +482,20 @@ def _choose(times: Mapping[str, Mapping[str, float]], fast: Mapping[str, bool],
 
 def build_tables(paths: Sequence[str], *, command: str,
                  architecture: str | None = None,
-                 margin: float = DEFAULT_MARGIN) -> list[dict[str, Any]]:
+                 margin: float = DEFAULT_MARGIN,
+                 allow_unsigned: bool = False) -> list[dict[str, Any]]:
   """Tuning tables, one per number of ranks, from JAX-level result files.
 
   Reads the rows of each file (``jax_llar.tools.bench --level jax`` or
   ``jax_llar.tools.tune``): per implementation (``lax.psum``,
   ``llar.<algorithm>``; other rows are ignored, and so are the rows of an
-  algorithm of NON_DETERMINISTIC, which no table may choose), world size, dtype and
-  bytes per rank, the per-step time ``us_per_call`` and ``correct``.
-  Chooses per size by `RULE` and merges neighbouring sizes into rows.
+  algorithm of NON_DETERMINISTIC, which no table may choose, and, unless
+  `allow_unsigned`, of an algorithm outside ``algorithms.SIGNED``, whose
+  lines carry no call signature, so that a mispaired call of it can be
+  summed with another call's data: ``jax_llar.signature``), world size,
+  dtype and bytes per rank, the per-step time ``us_per_call`` and
+  ``correct``. Chooses per size by `RULE` and merges neighbouring sizes into
+  rows.
 
   Args:
     paths: the result files, as they are to be recorded (relative to the
@@ -500,6 +505,9 @@ def build_tables(paths: Sequence[str], *, command: str,
       JAX level's environment block recorded GPU names only before
       ``compute_capabilities`` was added); must agree with a file that does.
     margin: see `RULE`; 0 <= margin < 1.
+    allow_unsigned: let the table choose the unsigned algorithms too
+      (``python -m jax_llar.tools.tune --allow_unsigned``); the provenance
+      note says which rows were left out otherwise.
 
   Returns:
     one table per number of ranks, as the JSON content of a table file
@@ -542,6 +550,7 @@ def build_tables(paths: Sequence[str], *, command: str,
   data: dict[int, dict[int, dict[str, dict[str, tuple[float, bool]]]]] = {}
   bad = []
   left_out: set[str] = set()  # non-deterministic algorithms' rows
+  unsigned: set[str] = set()  # rows of algorithms without call signatures
   for path, result in zip(paths, results):
     for row in result.get("rows") or []:
       name = _implementation(row)
@@ -549,6 +558,10 @@ def build_tables(paths: Sequence[str], *, command: str,
         continue
       if name != policy.LAX_PSUM and Algorithm.from_short_name(name) in NON_DETERMINISTIC:
         left_out.add(name)
+        continue
+      if (name != policy.LAX_PSUM and not allow_unsigned
+          and Algorithm.from_short_name(name) not in SIGNED):
+        unsigned.add(name)
         continue
       where = (f"{path}: {row['impl']} {row['dtype']} {row['bytes_per_rank']} B "
                f"{row['world_size']} ranks")
@@ -612,6 +625,10 @@ def build_tables(paths: Sequence[str], *, command: str,
     if left_out:
       note += (f" Rows of {', '.join(sorted(left_out))} were left out: not "
                "deterministic (floating-point atomics), never chosen by a table.")
+    if unsigned:
+      note += (f" Rows of {', '.join(sorted(unsigned))} were left out: their lines "
+               "carry no call signature (a mispaired call would not be detected); "
+               "--allow_unsigned lets a table choose them.")
     provenance = {
         "command": command,
         "results_files": list(paths),

@@ -507,6 +507,25 @@ def test_builder_candidates_and_refusals(tmp_path):
                      caps=("10.0", "10.0"))])
 
 
+def test_builder_chooses_an_unsigned_algorithm_only_when_allowed(tmp_path):
+  """The sentinel's lines carry no call signature (algorithms.SIGNED): the
+  builder leaves its rows out, and says so, unless allow_unsigned."""
+  rows = [_row("lax.psum", 64, 20), _row("llar.one_shot_ll", 64, 4),
+          _row("llar.one_shot_sentinel", 64, 3, algorithm="one_shot_sentinel"),
+          _row("lax.psum", 128, 20), _row("llar.one_shot_ll", 128, 30),
+          _row("llar.one_shot_sentinel", 128, 5, algorithm="one_shot_sentinel")]
+  path = _results(tmp_path, rows)
+  (t,) = _build([path])
+  assert t["rows"] == [{"max_bytes": 64, "algorithm": "one_shot_ll"}]
+  assert "one_shot_sentinel were left out: their lines carry no call signature" in (
+      t["provenance"]["note"])
+  (t,) = _build([path], allow_unsigned=True)
+  assert t["rows"] == [{"max_bytes": 128, "algorithm": "one_shot_sentinel"}]
+  assert "carry no call signature" not in t["provenance"]["note"]
+  assert tune.from_results_command([path], None, tuning.DEFAULT_MARGIN,
+                                        True).endswith(" --allow_unsigned")
+
+
 def test_builder_one_table_per_number_of_ranks_from_several_files(tmp_path):
   a = _results(tmp_path, [_row("lax.psum", 64, 20), _row("llar.one_shot_ll", 64, 4)],
                "a.json")

@@ -100,6 +100,11 @@ MARGIN = flags.DEFINE_float(
     "How much faster than lax.psum (a fraction) an algorithm must be at a size, "
     "for every dtype, to replace it there.", lower_bound=0.0, upper_bound=0.99)
 SEED = flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
+ALLOW_UNSIGNED = flags.DEFINE_bool(
+    "allow_unsigned", False,
+    "Let the tables choose the algorithms whose lines carry no call signature "
+    "(outside jax_llar.algorithms.SIGNED: a mispaired call of one would not be "
+    "detected); by default they are measured but never chosen.")
 
 flags.register_validator(
     "dtypes", lambda v: bool(v) and all(d in ("f32", "bf16", "f16", "float32",
@@ -235,7 +240,8 @@ def measure() -> int:
   print(f"saved {', '.join(paths)}")
   command = " ".join(["python -m jax_llar.tools.tune"] + sys.argv[1:])
   try:
-    tables = tuning.build_tables([paths[0]], command=command, margin=MARGIN.value)
+    tables = tuning.build_tables([paths[0]], command=command, margin=MARGIN.value,
+                                 allow_unsigned=ALLOW_UNSIGNED.value)
   except tuning.TuningBuildError as e:
     print(f"jax_llar.tools.tune: no table written: {e}")
     return 1
@@ -248,8 +254,10 @@ def main() -> int:
     paths = list(FROM_RESULTS.value)
     try:
       tables = tuning.build_tables(
-          paths, command=from_results_command(paths, ARCHITECTURE.value, MARGIN.value),
-          architecture=ARCHITECTURE.value, margin=MARGIN.value)
+          paths, command=from_results_command(paths, ARCHITECTURE.value, MARGIN.value,
+                                              ALLOW_UNSIGNED.value),
+          architecture=ARCHITECTURE.value, margin=MARGIN.value,
+          allow_unsigned=ALLOW_UNSIGNED.value)
       write_tables(tables)
     except (tuning.TuningBuildError, OSError, ValueError) as e:
       print(f"jax_llar.tools.tune: no table written: {e}")

@@ -42,7 +42,8 @@ def chain_lengths(nbytes: int, k_short: int, k_long: int,
   return ks, max(kl, ks + 1)
 
 
-def from_results_command(paths, architecture: str | None, margin: float) -> str:
+def from_results_command(paths, architecture: str | None, margin: float,
+                         allow_unsigned: bool = False) -> str:
   """The command line a table built from saved results records: the same
   files and options give the same table, wherever it is written."""
   cmd = f"python -m jax_llar.tools.tune --from_results={','.join(paths)}"
@@ -50,4 +51,6 @@ def from_results_command(paths, architecture: str | None, margin: float) -> str:
     cmd += f" --architecture={architecture}"
   if margin != tuning.DEFAULT_MARGIN:
     cmd += f" --margin={margin}"
+  if allow_unsigned:
+    cmd += " --allow_unsigned"
   return cmd
