@@ -25,8 +25,9 @@ def test_f5_two_threads_dispatching():
 
 
 def test_f4_epoch_wraparound():
-  """Epoch counters seeded just below 2^30, 2^31 and 2^32 (test hook);
-  crossing them re-zeroes scratch halves and wraps the 32-bit flags."""
+  """Epoch counters seeded just below 2^16, 2^30, 2^31 and 2^32 (test hook);
+  crossing them re-zeroes scratch halves and wraps the LL flags' 16 epoch
+  bits."""
   p = run_program("epoch_wraparound", env={"JAX_LLAR_TIMEOUT_MS": "3000"})
   assert p.data is not None, p.tail
   assert p.data["fast"] is True and p.data["ok"] is True, p.tail

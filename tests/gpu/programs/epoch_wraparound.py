@@ -1,6 +1,8 @@
-"""F4: epoch counters seeded just below 2^30, 2^31 and 2^32 (test hook of
-the native tools module); crossing them re-zeroes scratch halves and wraps
-the 32-bit flags. Eight random sizes after each seed, checked bitwise.
+"""F4: epoch counters seeded just below 2^16, 2^30, 2^31 and 2^32 (test hook
+of the native tools module); crossing each re-zeroes scratch halves (every
+2^14 epochs, epoch.cuh) and wraps the LL flags' 16 epoch bits (ll.cuh; 2^32
+also the LL128 flags' 32). Eight random sizes after each seed, checked
+bitwise, every call carrying its signature.
 
 Prints {"fast", "ok" (every check passed), "checks"}.
 """
@@ -28,7 +30,7 @@ def check(n):
 
 ok = check(4096)
 tools = _native.require("the epoch test hook")
-for seed in (2 ** 30 - 3, 2 ** 31 - 3, 2 ** 32 - 3):
+for seed in (2 ** 16 - 3, 2 ** 30 - 3, 2 ** 31 - 3, 2 ** 32 - 3):
   for cs in comm.comm_sets():
     tools.set_epoch_for_testing(cs.comm_id, seed)
   for _ in range(8):
