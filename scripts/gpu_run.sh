@@ -27,7 +27,8 @@
 #   cg      python examples/cg_solver/main.py (conjugate gradient, time per
 #           iteration against grid size)
 #   gpu1    JAX_LLAR_TEST_GPU=1 pytest tests/gpu1 (the one-GPU suite: the
-#           loopback harness's tests of every algorithm; GPU1_ARGS)
+#           loopback harness's tests of every algorithm; GPU1_ARGS, and
+#           GPU1_TESTS in place of tests/gpu1 to run some of them)
 #   soak    python -m jax_llar.tools.soak (SOAK_ARGS, default --calls=2200000):
 #           consecutive checked calls, mixed sizes, dtypes and algorithms; real
 #           GPUs through XLA with 2+ GPUs, else the loopback on one
@@ -107,7 +108,7 @@ for s in "${stages[@]}"; do
   case $s in
     build) run_stage build $PY -m pip install --no-build-isolation --no-deps -v -e . || break ;;
     tests) JAX_LLAR_TEST_GPU=1 run_stage tests $PY -m pytest -q -rs -p no:cacheprovider ${TEST_ARGS:-} tests/gpu ;;
-    gpu1) JAX_LLAR_TEST_GPU=1 run_stage gpu1 $PY -m pytest -q -rs -p no:cacheprovider ${GPU1_ARGS:-} tests/gpu1 ;;
+    gpu1) JAX_LLAR_TEST_GPU=1 run_stage gpu1 $PY -m pytest -q -rs -p no:cacheprovider ${GPU1_ARGS:-} ${GPU1_TESTS:-tests/gpu1} ;;
     graph) run_stage graph $PY -m jax_llar.tools.graphcheck --timeline_copy --out /tmp/llar_graphcheck ${GRAPH_ARGS:-} ;;
     kbench) run_stage kbench $PY -m jax_llar.tools.bench --level kernel --out "$OUT" ${KBENCH_ARGS:-} ;;
     sol) run_stage sol $PY -m jax_llar.tools.sol --out "$OUT" ${SOL_ARGS:-} \
