@@ -134,3 +134,18 @@ def test_a_soak_whose_cases_are_all_skipped_ends_as_a_failure():
   assert not rec["passed"] and rec["calls_checked"] == 0
   assert "all skipped" in rec["failure"]["error"]
   assert rec["units"] == soak.MAX_SKIPPED_BEFORE_ANY
+
+
+def test_a_case_the_harness_refuses_is_skipped_not_fatal():
+  def run_case(mod, s, case, rng):
+    del mod, rng
+    if case.dtype == "int32":
+      raise ValueError("one_shot_sentinel does not serve int32")
+    return _row("pass", s.calls)
+
+  tally = soak.Tally(2000)
+  soak.run_loopback(tally, ["one_shot_sentinel"], ["int32", "float32"], [2], 1024, 100, 2,
+                    1000, np.random.default_rng(6), 1e9, run_case=run_case)
+  rec = tally.record()
+  assert rec["passed"] and rec["calls_by_dtype"] == {"float32": 2000}
+  assert any("does not serve int32" in k for k in rec["skipped"])
