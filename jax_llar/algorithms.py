@@ -190,6 +190,19 @@ SIGNED: frozenset[Algorithm] = frozenset({
     Algorithm.ONE_SHOT_LL, Algorithm.TWO_SHOT_LL, Algorithm.ONE_SHOT_LL128,
     Algorithm.TWO_SHOT_LL128})
 
+# The algorithms whose correctness rests on a hardware property that no
+# document guarantees: LL128 lines are correct only if the 128 bytes that
+# eight lanes of a warp store with one instruction reach the reader as one
+# unit (ffi/include/llar/ll128.cuh). The property must be tested on the
+# hardware, over the link the ranks use, before a tuning table may choose
+# them: ``jax_llar.tuning.build_tables`` leaves their rows out unless given a
+# passing cross-device ``python -m jax_llar.tools.store_atomicity`` record
+# (``validated_by``); forcing them with JAX_LLAR_ALGORITHM is the user's
+# choice. benchmarks/NOTES.md entries 33-35: no torn line on one H200's L2;
+# not yet tested over NVLink.
+NEEDS_STORE_ATOMICITY: frozenset[Algorithm] = frozenset({
+    Algorithm.ONE_SHOT_LL128, Algorithm.TWO_SHOT_LL128, Algorithm.TWO_SHOT_LL128_ATOMIC})
+
 # The largest of MAX_BYTES: the cap of the JAX_LLAR_MAX_BYTES setting.
 LARGEST_MAX_BYTES = max(MAX_BYTES.values())
 

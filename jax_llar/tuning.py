@@ -54,13 +54,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import pathlib
 import threading
 from typing import Any, Iterable, Mapping, Sequence
 
 from jax_llar import policy
-from jax_llar.algorithms import MAX_BYTES, NON_DETERMINISTIC, SIGNED, Algorithm
+from jax_llar.algorithms import (MAX_BYTES, NEEDS_STORE_ATOMICITY, NON_DETERMINISTIC, SIGNED,
+                                 Algorithm)
 from jax_llar.config import settings
 
 FORMAT = "jax_llar.tuning/1"
@@ -480,10 +482,44 @@ def _choose(times: Mapping[str, Mapping[str, float]], fast: Mapping[str, bool],
   return (best if scores[best] <= 1 - margin else policy.LAX_PSUM), scores
 
 
+def store_atomicity_validation(paths: Sequence[str]) -> str | None:
+  """Why the store-atomicity records at `paths` do not validate the LL128
+  algorithms (``algorithms.NEEDS_STORE_ATOMICITY``), or None when they do.
+
+  They validate when at least one record ran across two devices
+  (``over_nvlink``), in each direction between the devices it names, and
+  every record passed: complete, no torn line, no bad word.
+
+  Raises:
+    OSError, ValueError: a file cannot be read or is not JSON.
+  """
+  if not paths:
+    return "no store-atomicity record given"
+  directions = set()
+  for p in paths:
+    with open(p, encoding="utf-8") as f:
+      r = json.load(f)
+    if r.get("level") != "store_atomicity":
+      return f"{p} is not a store-atomicity record (level {r.get('level')!r})"
+    if not (r.get("passed") is True and r.get("complete") is True
+            and r.get("torn_lines") == 0 and r.get("bad_words") == 0):
+      return f"{p} did not pass (verdict {r.get('verdict')!r})"
+    if r.get("over_nvlink") is True:
+      st = r.get("settings") or {}
+      directions.add((st.get("writer_device"), st.get("reader_device")))
+  if not directions:
+    return "no record ran across two devices (over_nvlink)"
+  missing = [(b, a) for a, b in directions if (b, a) not in directions]
+  if missing:
+    return f"no record in the direction writer {missing[0][0]} -> reader {missing[0][1]}"
+  return None
+
+
 def build_tables(paths: Sequence[str], *, command: str,
                  architecture: str | None = None,
                  margin: float = DEFAULT_MARGIN,
-                 allow_unsigned: bool = False) -> list[dict[str, Any]]:
+                 allow_unsigned: bool = False,
+                 validated_by: Sequence[str] = ()) -> list[dict[str, Any]]:
   """Tuning tables, one per number of ranks, from JAX-level result files.
 
   Reads the rows of each file (``jax_llar.tools.bench --level jax`` or
@@ -508,6 +544,11 @@ def build_tables(paths: Sequence[str], *, command: str,
     allow_unsigned: let the table choose the unsigned algorithms too
       (``python -m jax_llar.tools.tune --allow_unsigned``); the provenance
       note says which rows were left out otherwise.
+    validated_by: store-atomicity records (``python -m
+      jax_llar.tools.store_atomicity``); unless they validate the LL128
+      algorithms (`store_atomicity_validation`), the rows of
+      ``algorithms.NEEDS_STORE_ATOMICITY`` are left out, and the provenance
+      note says why.
 
   Returns:
     one table per number of ranks, as the JSON content of a table file
@@ -551,6 +592,8 @@ def build_tables(paths: Sequence[str], *, command: str,
   bad = []
   left_out: set[str] = set()  # non-deterministic algorithms' rows
   unsigned: set[str] = set()  # rows of algorithms without call signatures
+  unvalidated: set[str] = set()  # LL128 rows without a store-atomicity record
+  atomicity = store_atomicity_validation(validated_by)
   for path, result in zip(paths, results):
     for row in result.get("rows") or []:
       name = _implementation(row)
@@ -563,13 +606,21 @@ def build_tables(paths: Sequence[str], *, command: str,
           and Algorithm.from_short_name(name) not in SIGNED):
         unsigned.add(name)
         continue
+      if (name != policy.LAX_PSUM and atomicity is not None
+          and Algorithm.from_short_name(name) in NEEDS_STORE_ATOMICITY):
+        unvalidated.add(name)
+        continue
+      missing = [k for k in ("impl", "dtype", "bytes_per_rank", "world_size", "us_per_call")
+                 if k not in row]
+      if missing:
+        raise TuningBuildError(f"{path}: a {name} row lacks {', '.join(missing)}")
       where = (f"{path}: {row['impl']} {row['dtype']} {row['bytes_per_rank']} B "
                f"{row['world_size']} ranks")
       if row.get("correct") is not True:
         bad.append(where)
         continue
       us = float(row["us_per_call"])
-      if us <= 0:
+      if not math.isfinite(us) or us <= 0:
         raise TuningBuildError(f"{where}: per-step time {us} us is not positive "
                                "(noise around a cost near zero: measure with longer chains)")
       fast = name == policy.LAX_PSUM or row.get("fast_path") is True
@@ -629,6 +680,10 @@ def build_tables(paths: Sequence[str], *, command: str,
       note += (f" Rows of {', '.join(sorted(unsigned))} were left out: their lines "
                "carry no call signature (a mispaired call would not be detected); "
                "--allow_unsigned lets a table choose them.")
+    if unvalidated:
+      note += (f" Rows of {', '.join(sorted(unvalidated))} were left out: LL128 lines "
+               f"need 128-byte stores to arrive whole across devices, and {atomicity} "
+               "(--store_atomicity gives passing cross-device records).")
     provenance = {
         "command": command,
         "results_files": list(paths),

@@ -599,3 +599,49 @@ def test_forced_measurement_on_cpu_records_the_fallback():
   # It was forced: on CUDA GPUs it would have run the two-shot.
   d = jax_llar.dispatch_log()[-1]
   assert (d.reason, d.candidate, d.bytes_per_rank) == ("platform", TWO_SHOT_LL, 64)
+
+
+def _atomicity(tmp_path, name, writer, reader, passed=True, over_nvlink=True):
+  return str(_write(tmp_path / name, {
+      "level": "store_atomicity", "over_nvlink": over_nvlink, "passed": passed,
+      "complete": True, "torn_lines": 0 if passed else 3, "bad_words": 0,
+      "verdict": "no torn line" if passed else "torn lines",
+      "settings": {"writer_device": writer, "reader_device": reader}}))
+
+
+def test_builder_chooses_ll128_only_with_cross_device_store_atomicity(tmp_path):
+  """LL128 rests on 128-byte stores arriving whole (algorithms.
+  NEEDS_STORE_ATOMICITY): without passing cross-device records in both
+  directions its rows are left out, and the note says why."""
+  rows = [_row("lax.psum", 64, 20), _row("llar.one_shot_ll", 64, 4),
+          _row("llar.one_shot_ll128", 64, 3, algorithm="one_shot_ll128")]
+  path = _results(tmp_path, rows)
+  (t,) = _build([path])
+  assert t["rows"] == [{"max_bytes": 64, "algorithm": "one_shot_ll"}]
+  assert "one_shot_ll128 were left out" in t["provenance"]["note"]
+  assert "no store-atomicity record given" in t["provenance"]["note"]
+  one_way = _atomicity(tmp_path, "a01.json", 0, 1)
+  back = _atomicity(tmp_path, "a10.json", 1, 0)
+  same_device = _atomicity(tmp_path, "a00.json", 0, 0, over_nvlink=False)
+  torn = _atomicity(tmp_path, "torn.json", 1, 0, passed=False)
+  for records, why in (([same_device], "no record ran across two devices"),
+                       ([one_way], "no record in the direction writer 1 -> reader 0"),
+                       ([one_way, torn], "did not pass")):
+    (t,) = _build([path], validated_by=records)
+    assert t["rows"] == [{"max_bytes": 64, "algorithm": "one_shot_ll"}], records
+    assert why in t["provenance"]["note"], (why, t["provenance"]["note"])
+  (t,) = _build([path], validated_by=[one_way, back, same_device])
+  assert t["rows"] == [{"max_bytes": 64, "algorithm": "one_shot_ll128"}]
+  assert tune.from_results_command([path], None, tuning.DEFAULT_MARGIN, False,
+                                   [one_way, back]).endswith(
+      f" --store_atomicity={one_way},{back}")
+
+
+def test_builder_refuses_rows_without_their_fields_or_with_nan_times(tmp_path):
+  row = _row("llar.one_shot_ll", 64, 4)
+  del row["dtype"]
+  with pytest.raises(tuning.TuningBuildError, match="lacks dtype"):
+    _build([_results(tmp_path, [_row("lax.psum", 64, 20), row])])
+  with pytest.raises(tuning.TuningBuildError, match="not positive"):
+    _build([_results(tmp_path, [_row("lax.psum", 64, 20),
+                                _row("llar.one_shot_ll", 64, float("nan"))])])

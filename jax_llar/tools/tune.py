@@ -106,6 +106,13 @@ ALLOW_UNSIGNED = flags.DEFINE_bool(
     "(outside jax_llar.algorithms.SIGNED: a mispaired call of one would not be "
     "detected); by default they are measured but never chosen.")
 
+STORE_ATOMICITY = flags.DEFINE_list(
+    "store_atomicity", [],
+    "Store-atomicity records (python -m jax_llar.tools.store_atomicity) that let the "
+    "tables choose the LL128 algorithms: they must have passed across two devices, "
+    "in both directions; without them the LL128 algorithms are measured but never "
+    "chosen (jax_llar.algorithms.NEEDS_STORE_ATOMICITY).")
+
 flags.register_validator(
     "dtypes", lambda v: bool(v) and all(d in ("f32", "bf16", "f16", "float32",
                                               "bfloat16", "float16") for d in v),
@@ -241,8 +248,9 @@ def measure() -> int:
   command = " ".join(["python -m jax_llar.tools.tune"] + sys.argv[1:])
   try:
     tables = tuning.build_tables([paths[0]], command=command, margin=MARGIN.value,
-                                 allow_unsigned=ALLOW_UNSIGNED.value)
-  except tuning.TuningBuildError as e:
+                                 allow_unsigned=ALLOW_UNSIGNED.value,
+                                 validated_by=STORE_ATOMICITY.value)
+  except (tuning.TuningBuildError, OSError, ValueError) as e:
     print(f"jax_llar.tools.tune: no table written: {e}")
     return 1
   write_tables(tables)
@@ -255,9 +263,9 @@ def main() -> int:
     try:
       tables = tuning.build_tables(
           paths, command=from_results_command(paths, ARCHITECTURE.value, MARGIN.value,
-                                              ALLOW_UNSIGNED.value),
+                                              ALLOW_UNSIGNED.value, STORE_ATOMICITY.value),
           architecture=ARCHITECTURE.value, margin=MARGIN.value,
-          allow_unsigned=ALLOW_UNSIGNED.value)
+          allow_unsigned=ALLOW_UNSIGNED.value, validated_by=STORE_ATOMICITY.value)
       write_tables(tables)
     except (tuning.TuningBuildError, OSError, ValueError) as e:
       print(f"jax_llar.tools.tune: no table written: {e}")

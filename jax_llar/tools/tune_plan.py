@@ -43,7 +43,7 @@ def chain_lengths(nbytes: int, k_short: int, k_long: int,
 
 
 def from_results_command(paths, architecture: str | None, margin: float,
-                         allow_unsigned: bool = False) -> str:
+                         allow_unsigned: bool = False, store_atomicity=()) -> str:
   """The command line a table built from saved results records: the same
   files and options give the same table, wherever it is written."""
   cmd = f"python -m jax_llar.tools.tune --from_results={','.join(paths)}"
@@ -53,4 +53,6 @@ def from_results_command(paths, architecture: str | None, margin: float,
     cmd += f" --margin={margin}"
   if allow_unsigned:
     cmd += " --allow_unsigned"
+  if store_atomicity:
+    cmd += f" --store_atomicity={','.join(store_atomicity)}"
   return cmd
