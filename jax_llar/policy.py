@@ -197,10 +197,12 @@ def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
                   row of `table`, or (no table) more than the default rule's
                   algorithm serves;
     "table"       `table`'s row for this size is lax.psum;
-    "dtype"       (again, after the size) the forced algorithm, or the
-                  algorithm of `table`'s row, does not serve `dtype`
-                  (``algorithms.dtype_refusal``: one_shot_sentinel and
-                  int32);
+    "dtype"       (again, after the size) the forced algorithm does not
+                  serve `dtype` (``algorithms.dtype_refusal``:
+                  one_shot_sentinel and int32), or neither the algorithm of
+                  `table`'s row nor DEFAULT_ALGORITHM does (a row's algorithm
+                  that refuses the dtype gives way to DEFAULT_ALGORITHM
+                  where that serves the size);
     "fast_path"   the forced algorithm, else the algorithm of `table`'s row
                   for this size, else (no table) DEFAULT_ALGORITHM.
   The detail of a decision by the table names the row (`describe_row`); a
@@ -288,6 +290,13 @@ def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
     return Choice(None, "table", f"lax.psum by {table.describe_row(index)}")
   refusal = dtype_refusal(row.algorithm, dt)
   if refusal is not None:
+    # The row's algorithm does not take this dtype (the table was measured on
+    # others): the default algorithm serves it where it can, as it would
+    # without a table.
+    default = DEFAULT_ALGORITHM
+    if bytes_per_rank <= MAX_BYTES[default] and dtype_refusal(default, dt) is None:
+      return Choice(default, "fast_path", f"{default.short_name} over {num_ranks} "
+                    f"ranks: {refusal} ({table.describe_row(index)}), default rule")
     return Choice(None, "dtype", f"{refusal} (chosen by {table.describe_row(index)})")
   return Choice(row.algorithm, "fast_path", f"{row.algorithm.short_name} over "
                 f"{num_ranks} ranks by {table.describe_row(index)}")

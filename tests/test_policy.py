@@ -335,3 +335,22 @@ def test_default_max_bytes_is_the_cap():
   assert choose(np.float32, big, 4, max_bytes=config.DEFAULT_MAX_BYTES,
                 table=SYNTHETIC).algorithm is TWO_SHOT_LL
   assert choose(np.float32, big, 2, max_bytes=config.DEFAULT_MAX_BYTES).reason == "size"
+
+
+def test_a_rows_algorithm_that_refuses_the_dtype_gives_way_to_the_default():
+  """A row choosing the sentinel (no int32) leaves int32 psums to the
+  default algorithm where it serves the size (one element below, at and one
+  above its limit), not to lax.psum; float32 takes the row's choice."""
+  sentinel = Algorithm.ONE_SHOT_SENTINEL
+  limit = MAX_BYTES[ONE_SHOT_LL]
+  table = TuningTable("sm_90", 2, (TableRow(MAX_BYTES[sentinel], sentinel),),
+                      source="synthetic")
+  for nbytes in (4, limit - 4, limit):
+    c = choose(np.int32, nbytes, 2, max_bytes=CAP, table=table)
+    assert (c.algorithm, c.reason) == (policy.DEFAULT_ALGORITHM, "fast_path"), nbytes
+    assert "int32" in c.detail and "sentinel" in c.detail
+    assert "default rule" in c.detail
+    c = choose(np.float32, nbytes, 2, max_bytes=CAP, table=table)
+    assert (c.algorithm, c.reason) == (sentinel, "fast_path")
+  c = choose(np.int32, limit + 4, 2, max_bytes=CAP, table=table)
+  assert (c.algorithm, c.reason) == (None, "dtype")
