@@ -52,9 +52,27 @@ def rank_order_sum(inputs: Sequence[np.ndarray], dtype) -> np.ndarray:
   return round_from_f64(acc, dtype)
 
 
-def bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
+# The NaN bits every jax_llar algorithm stores for a NaN result
+# (ffi/include/llar/reduce.cuh: kCanonicalNaN32, kCanonicalNaN16).
+CANONICAL_NAN_BITS = {np.dtype(np.float32): 0x7FFFFFFF,
+                      np.dtype(ml_dtypes.bfloat16): 0x7FFF, np.dtype(np.float16): 0x7FFF}
+
+
+def bitwise_equal(a: np.ndarray, b: np.ndarray, canonical_nans: bool = False) -> bool:
   """True when `a` and `b` have the same bits, NaNs compared by position only
-  (a NaN's payload may be canonicalised by an addition)."""
+  (the reference's NaN payloads are numpy's, not the GPU's).
+
+  Args:
+    a, b: arrays of one shape and dtype.
+    canonical_nans: also require every NaN of `a` (the output under test) to
+      have the bits of CANONICAL_NAN_BITS, the rule of every jax_llar
+      algorithm (lax.psum's NaNs are NCCL's: do not ask it of them).
+
+  Example::
+
+    >>> bitwise_equal(np.float32([1.0, np.nan]), np.float32([1.0, -np.nan]))
+    True
+  """
   a = np.asarray(a)
   b = np.asarray(b)
   if a.shape != b.shape or a.dtype != b.dtype:
@@ -67,6 +85,9 @@ def bitwise_equal(a: np.ndarray, b: np.ndarray) -> bool:
       return False
     width = a.dtype.itemsize
     view = {2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
+    if canonical_nans and a.dtype in CANONICAL_NAN_BITS:
+      if not np.all(a.view(view)[nan_a] == CANONICAL_NAN_BITS[a.dtype]):
+        return False
     return bool(np.array_equal(a.view(view)[~nan_a], b.view(view)[~nan_b]))
   return bool(np.array_equal(a, b))
 

@@ -93,6 +93,25 @@ def test_bitwise_equal():
                                    np.array([1, 3], np.int32))
 
 
+def test_bitwise_equal_with_canonical_nans():
+  """canonical_nans: every NaN of the output under test must have the
+  canonical bits (reduce.cuh); the reference's NaN bits do not matter."""
+  for dt, canonical, other in ((np.float32, 0x7FFFFFFF, 0x7FC00000),
+                               (BF16, 0x7FFF, 0x7FC0), (np.float16, 0x7FFF, 0x7E00)):
+    u = {2: np.uint16, 4: np.uint32}[np.dtype(dt).itemsize]
+    out = np.array([1.0, np.nan, -0.0], dt)
+    out.view(u)[1] = canonical
+    ref = np.array([1.0, np.nan, -0.0], dt)
+    ref.view(u)[1] = other
+    assert testing.bitwise_equal(out, ref, canonical_nans=True), dt
+    bad = out.copy()
+    bad.view(u)[1] = other
+    assert testing.bitwise_equal(bad, ref)
+    assert not testing.bitwise_equal(bad, ref, canonical_nans=True), dt
+  ints = np.array([-1, 7], np.int32)
+  assert testing.bitwise_equal(ints, ints.copy(), canonical_nans=True)
+
+
 def test_random_array():
   rng = np.random.default_rng(29)
   for dt in (np.float32, BF16, np.float16):
