@@ -32,6 +32,12 @@
 //   of warp w's lines happened inside c0. So p consumed them before r's c2
 //   overwrites them: kernel completion on p orders p's reads before its later
 //   remote stores, and r's c2 store is causally after r received them.
+//   Assumption, stated: the chain runs through relaxed volatile accesses on
+//   both GPUs, and rests on a kernel's completion acting as a system-scope
+//   fence for the kernel's memory operations (CUDA's stream semantics: a
+//   kernel's writes are visible to later work once it completes). Every
+//   algorithm's reuse argument (two-shot, LL128, the sentinel's re-arm)
+//   relies on the same step.
 //
 // Re-zeroing (flag uniqueness over long runs)
 //   A flag holds only the low bits of the epoch: 16 in an LL line (the other

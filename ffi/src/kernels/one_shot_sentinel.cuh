@@ -46,6 +46,12 @@
 //   carries no epoch: if ranks disagreed on a call's payload size (a
 //   violation of the contract above), a line written and never read would
 //   be taken for the next line of its slot, where the LL would time out.
+//   For the same reason a corrupted slot (a stray store, the fault of
+//   FAILURE_CLASSES F13 "corrupted flag word") is taken as data: the
+//   sentinel has no flag to corrupt, so such a fault gives a wrong sum
+//   where an LL line would end in the bounded wait's error; and a mispaired
+//   call is not detected either (no signature: jax_llar.algorithms.SIGNED).
+//   Neither is chosen by a tuning table without --allow_unsigned.
 //
 // Why no barrier is needed (reuse argument)
 //   Fix warp w of block b. Rank r writes half h of w's slots in p's scratch
