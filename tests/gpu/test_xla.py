@@ -69,3 +69,19 @@ def test_f6_mixed_with_nccl_collectives(mesh):
   for _ in range(3):
     b_ref = b_ref * 0.5 * mesh.size
   np.testing.assert_allclose(np.asarray(b_out)[0], b_ref * 0.5, rtol=1e-4)
+
+
+def test_concurrent_scheduling_from_compiler_options_never_sums_wrongly():
+  """Issue 12, item 2: XLA's CONCURRENT command-buffer scheduling asked for
+  through jax.jit's compiler_options (which the lowering cannot see): 200
+  runs of 8 independent psums give only exact sums, or end in the
+  foreign-signature error or the bounded wait's timeout; never a wrong sum
+  without an error."""
+  p = run_program("concurrent_mode", env={"JAX_LLAR_TIMEOUT_MS": "3000"}, timeout=600)
+  assert p.data is not None, p.tail
+  assert p.data["fast"] is True, p.tail
+  assert p.data["wrong"] == 0, p.tail
+  if p.data["error"] is not None:
+    assert p.data["codes"] and set(p.data["codes"]) <= {1, 2}, p.tail
+  else:
+    assert p.data["steps"] == 200, p.tail
