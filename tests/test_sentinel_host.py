@@ -96,10 +96,11 @@ def test_forced_sentinel_refuses_int32_and_serves_floats_up_to_its_limit():
   assert policy.choose(np.int32, 1024, 2, max_bytes=cap).algorithm is not None
 
 
-def test_a_table_row_naming_the_sentinel_refuses_int32():
+def test_a_table_row_naming_the_sentinel_leaves_int32_to_the_default_algorithm():
   table = policy.TuningTable("sm_90", 2, (policy.TableRow(4096, SENTINEL),))
   c = policy.choose(np.int32, 1024, 2, max_bytes=config.MAX_BYTES_CAP, table=table)
-  assert c.algorithm is None and c.reason == "dtype"
+  assert c.algorithm is policy.DEFAULT_ALGORITHM and c.reason == "fast_path"
+  assert "int32" in c.detail and "default rule" in c.detail
   c = policy.choose(np.float16, 1024, 2, max_bytes=config.MAX_BYTES_CAP, table=table)
   assert c.algorithm is SENTINEL
 
