@@ -171,7 +171,9 @@ def from_dict(data: Any, source: str = "") -> policy.TuningTable:
     raise _fail(source, "provenance must be a JSON object")
   missing = [k for k in PROVENANCE_KEYS if k not in prov]
   if missing:
-    raise _fail(source, f"provenance lacks {', '.join(missing)}")
+    raise _fail(source, f"provenance lacks {', '.join(missing)}",
+                "tables record how they were measured: write them with python -m "
+                "jax_llar.tools.tune, or --from_results from saved results files")
   if not isinstance(data["rows"], list):
     raise _fail(source, "rows must be a list")
   rows = []
@@ -583,7 +585,8 @@ def build_tables(paths: Sequence[str], *, command: str,
                  f"names only: {gpus})")
   else:
     raise TuningBuildError("the result files do not record the GPUs' compute "
-                           "capability: give the architecture (e.g. sm_90)")
+                           "capability: give the architecture with --architecture "
+                           "(e.g. --architecture=sm_90)")
   if not policy.ARCHITECTURE_PATTERN.fullmatch(arch):
     raise TuningBuildError(f"architecture must look like 'sm_90', got {arch!r}")
 

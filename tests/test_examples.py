@@ -32,9 +32,10 @@ def test_tp_decode_small_on_cpu(tmp_path):
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
   assert "Traceback" not in p.stdout + p.stderr, p.stderr[-3000:]
-  assert "token ids of lax.psum and llar.auto agree: True" in p.stdout
+  assert "token ids of lax.psum and llar.auto (and of lax.fused and llar.split) agree: True" in (
+      p.stdout)
   assert "token ids of lax.fused and llar.fused agree: True" in p.stdout
-  assert "llar.auto/llar.fused" in p.stdout
+  assert "llar.split/llar.fused" in p.stdout and "llar.auto/llar.fused" in p.stdout
   assert "XLA flags: skipped" in p.stdout
   assert "random bfloat16 weights" in p.stdout
   result = json.loads(out.read_text())
@@ -44,8 +45,8 @@ def test_tp_decode_small_on_cpu(tmp_path):
   rows = result["rows"]
   for b in (1, 2):
     by = {r["impl"]: r for r in rows if r["workload"] == f"small batch {b}"}
-    assert set(by) == {"lax.psum", "llar.auto", "llar.fused", "lax.fused", "none",
-                       "floor"}, by.keys()
+    assert set(by) == {"lax.psum", "llar.auto", "llar.fused", "llar.split", "lax.fused",
+                       "none", "floor"}, by.keys()
     for r in by.values():
       assert {"impl", "world_size", "dtype", "metric", "value", "tokens_per_s"} <= set(r), r
       assert r["metric"] == "itl_us" and r["value"] > 0 and r["world_size"] == 2
@@ -59,6 +60,8 @@ def test_tp_decode_small_on_cpu(tmp_path):
     assert by["llar.fused"]["tokens_reference"] == "lax.fused"
     assert by["llar.fused"]["token_hash"] == by["lax.fused"]["token_hash"]
     assert by["llar.fused"]["decisions"] >= 1
+    assert by["llar.split"]["tokens_agree"] is True
+    assert by["llar.split"]["token_hash"] == by["lax.fused"]["token_hash"]
     assert by["none"]["timing_only"] is True
     assert by["floor"]["weight_bytes_per_device"] > 0
     assert len(result["token_ids"][f"small batch {b}"]["lax.psum"]) == 4

@@ -113,7 +113,9 @@ def main() -> int:
   if mode == "loopback":
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", lh.MAX_CONNECTIONS)
     if not gpus:
-      print("jax_llar.tools.soak: --mode loopback needs a CUDA GPU")
+      print("jax_llar.tools.soak: no CUDA GPU here (--mode "
+            f"{MODE.value}): the soak needs one GPU (--mode loopback, ranks simulated "
+            "on it) or 2+ (--mode jax, through XLA)")
       return 1
   known = [a.short_name for a in algorithms.Algorithm]
   if mode == "loopback":
