@@ -32,6 +32,18 @@
 #   soak    python -m jax_llar.tools.soak (SOAK_ARGS, default --calls=2200000):
 #           consecutive checked calls, mixed sizes, dtypes and algorithms; real
 #           GPUs through XLA with 2+ GPUs, else the loopback on one
+#   ensure  build only when the extension does not load (a warm machine
+#           keeps the install of an earlier call)
+#   atomicity  python -m jax_llar.tools.store_atomicity across two GPUs, both
+#           directions (writer 0 -> reader 1, 1 -> 0; --max_seconds
+#           ATOMICITY_SECONDS, default 60), then the --split check that the
+#           detector fails on purpose; records in $OUT and in $KEEP
+#   tune    python -m jax_llar.tools.tune --verify: measure every algorithm,
+#           write the tables to $OUT/tuning (JAX_LLAR_TUNING_DIR), then the
+#           verification run; TUNE_ARGS; the store-atomicity records of
+#           $KEEP (both directions passed) let the tables choose LL128
+#   verify  python -m jax_llar.tools.tune --verify_from $KEEP/tune.json (the
+#           tables of $KEEP/tuning): the verification run alone
 #   loopback  python -m jax_llar.tools.loopback: world sizes 2-16 simulated on
 #           ONE GPU (the protocol logic and the reduction, not NVLink, no
 #           timings): the matrix with and without synchronising the ranks
@@ -42,12 +54,16 @@
 #           a rank paired off by one extra call of another signature (the
 #           foreign-signature error); child processes. Writes $OUT/loopback*.json.
 # Environment: BENCH_ARGS, FLAGS_ARGS, KBENCH_ARGS, SOL_ARGS, GRAPH_ARGS,
-# DEMO_ARGS, SWEEP_ARGS, LOOP_ARGS, LOOPFLAGS_ARGS, CG_ARGS, GPU1_ARGS, SOAK_ARGS, LOOPBACK_ARGS
+# DEMO_ARGS, SWEEP_ARGS, LOOP_ARGS, LOOPFLAGS_ARGS, CG_ARGS, GPU1_ARGS, SOAK_ARGS, LOOPBACK_ARGS,
+# TUNE_ARGS, ATOMICITY_SECONDS, KEEP (a folder that outlives $OUT on a warm
+# machine, default /tmp/llar_keep: what later calls reuse)
 # (extra flags of those commands; LOOPBACK_ARGS go to the three matrix runs of
 # the loopback stage, LOOPBACK_FAULT_ARGS to its fault run), LLAR_GIT_COMMIT
 # (the commit to record in result files when this copy of the tree is not a
 # git checkout of it), TEST_ARGS (extra pytest
-# arguments), SOL_KERNEL_JSON (a kernel-level result for sol; default: the
+# arguments), DEADLINE (seconds from the start after which no stage starts
+# and by which every stage is stopped, so that the logs are packed before
+# the device's own limit), SOL_KERNEL_JSON (a kernel-level result for sol; default: the
 # kbench stage's), STAGE_TIMEOUT (seconds per stage, default 900), PY.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -63,9 +79,17 @@ log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/run.log"; }
 
 run_stage() {
   local name=$1; shift
-  local t0=$SECONDS
-  log "stage $name: $*"
-  timeout --kill-after=20 "$STAGE_TIMEOUT" "$@" >"$OUT/$name.log" 2>&1
+  local t0=$SECONDS limit=$STAGE_TIMEOUT
+  if [ -n "${DEADLINE:-}" ]; then
+    [ $((DEADLINE - SECONDS)) -lt "$limit" ] && limit=$((DEADLINE - SECONDS))
+    if [ "$limit" -lt 20 ]; then
+      log "stage $name skipped: DEADLINE ($DEADLINE s) reached"
+      summary+=("$(printf '%-7s skipped (DEADLINE)' "$name")")
+      return 1
+    fi
+  fi
+  log "stage $name: $* (limit $limit s)"
+  timeout --kill-after=20 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   summary+=("$(printf '%-7s rc=%-4s %4ss' "$name" "$rc" "$((SECONDS - t0))")")
   log "stage $name rc=$rc ($((SECONDS - t0)) s)"
@@ -101,6 +125,39 @@ loopback_stage() {
   return $rc
 }
 export -f loopback_stage
+
+KEEP=${KEEP:-/tmp/llar_keep}
+mkdir -p "$KEEP"
+# Store atomicity across the first two GPUs, both directions, then the split
+# check (exit 0 only when it finds torn lines).
+atomicity_stage() {
+  local rc=0 tool="$PY -m jax_llar.tools.store_atomicity" t=${ATOMICITY_SECONDS:-60}
+  $tool --writer_device 0 --reader_device 1 --max_seconds "$t" \
+    --out "$OUT/store-atomicity-0to1.json" || rc=1
+  $tool --writer_device 1 --reader_device 0 --max_seconds "$t" \
+    --out "$OUT/store-atomicity-1to0.json" || rc=1
+  $tool --writer_device 0 --reader_device 1 --split --iterations 2000 --max_seconds 30 \
+    --out "$OUT/store-atomicity-split-0to1.json" || rc=1
+  [ $rc -eq 0 ] && cp "$OUT"/store-atomicity-0to1.json "$OUT"/store-atomicity-1to0.json "$KEEP"/
+  return $rc
+}
+# The tune run; the records of atomicity_stage when both directions passed.
+tune_stage() {
+  local sa=""
+  [ -f "$KEEP/store-atomicity-0to1.json" ] && [ -f "$KEEP/store-atomicity-1to0.json" ] &&
+    sa="--store_atomicity=$KEEP/store-atomicity-0to1.json,$KEEP/store-atomicity-1to0.json"
+  JAX_LLAR_TUNING_DIR="$OUT/tuning" $PY -m jax_llar.tools.tune --verify \
+    --results_out "$OUT" $sa ${TUNE_ARGS:-} || return 1
+  mkdir -p "$KEEP/tuning" && cp "$OUT"/tuning/*.json "$KEEP/tuning/" &&
+    cp "$(ls "$OUT"/*-tune.json | head -n 1)" "$KEEP/tune.json"
+}
+ensure_stage() {
+  $PY -c 'import sys; from jax_llar import _ext; sys.exit(_ext.load() is None)' &&
+    { echo "the extension loads: no build"; return 0; }
+  $PY -m pip install --no-build-isolation --no-deps -v -e .
+}
+export -f atomicity_stage tune_stage ensure_stage
+export KEEP TUNE_ARGS="${TUNE_ARGS:-}" ATOMICITY_SECONDS="${ATOMICITY_SECONDS:-60}"
 export OUT PY LOOPBACK_SIZES LOOPBACK_ARGS="${LOOPBACK_ARGS:-}" \
   LOOPBACK_FAULT_ARGS="${LOOPBACK_FAULT_ARGS:-}"
 
@@ -121,6 +178,11 @@ for s in "${stages[@]}"; do
     loopflags) run_stage loopflags $PY -m jax_llar.tools.bench --level loop --loop_flags --sizes=1024 --flag_timeout=420 --tag=-flags --out "$OUT" ${LOOPFLAGS_ARGS:-} ;;
     cg) run_stage cg $PY examples/cg_solver/main.py --out "$OUT" ${CG_ARGS:-} ;;
     loopback) run_stage loopback bash -c loopback_stage ;;
+    ensure) run_stage ensure bash -c ensure_stage || break ;;
+    atomicity) run_stage atomicity bash -c atomicity_stage ;;
+    tune) run_stage tune bash -c tune_stage ;;
+    verify) JAX_LLAR_TUNING_DIR="$KEEP/tuning" run_stage verify $PY -m jax_llar.tools.tune \
+              --verify_from "$KEEP/tune.json" --results_out "$OUT" ${TUNE_ARGS:-} ;;
     soak) run_stage soak $PY -m jax_llar.tools.soak --out "$OUT" ${SOAK_ARGS:---calls=2200000} ;;
     *) log "unknown stage $s" ;;
   esac
@@ -139,5 +201,7 @@ tail -n 45 "$OUT/loop.log" 2>/dev/null
 grep -E '"in_command_buffer": (true|false)' "$OUT/graph.log" 2>/dev/null | tail -n 1
 grep -E "^(cases:|stopped:|note:)| (FAIL|ERROR)" "$OUT/loopback.log" 2>/dev/null | head -n 40
 grep -E "^soak (PASSED|FAILED)" "$OUT/soak.log" 2>/dev/null
+grep -E "torn|verdict|passed|FAILED" "$OUT/atomicity.log" 2>/dev/null | tail -n 6
+grep -E "ranks: |lax.psum: |best single|up to 1 MiB|^\[verify" "$OUT/tune.log" "$OUT/verify.log" 2>/dev/null | tail -n 40
 # The device tool returns at most 8 files: pack the logs into one.
 (cd "$OUT" && tar czf logs.tgz ./*.log && rm -f ./*.log)

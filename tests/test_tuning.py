@@ -645,3 +645,49 @@ def test_builder_refuses_rows_without_their_fields_or_with_nan_times(tmp_path):
   with pytest.raises(tuning.TuningBuildError, match="not positive"):
     _build([_results(tmp_path, [_row("lax.psum", 64, 20),
                                 _row("llar.one_shot_ll", 64, float("nan"))])])
+
+
+def _vrow(impl, us, nbytes=64, correct=True, fast=True, algorithm=None):
+  return {"impl": impl, "world_size": 2, "bytes_per_rank": nbytes, "dtype": "float32",
+          "us_per_call": us, "correct": correct,
+          "fast_path": None if impl == "lax.psum" else fast, "algorithm": algorithm}
+
+
+def test_fastest_takes_only_correct_fast_path_rows():
+  from jax_llar.tools.tune_plan import fastest
+  rows = [_vrow("lax.psum", 1.0), _vrow("llar.one_shot_ll", 2.0),
+          _vrow("llar.two_shot_ll", 1.5, fast=False),
+          _vrow("llar.one_shot_sentinel", 1.2, correct=False),
+          _vrow("llar.two_shot_ll", 9.0, nbytes=1 << 20)]
+  best = fastest(rows)
+  assert best[(2, 64, "float32")]["impl"] == "llar.one_shot_ll"
+  assert best[(2, 1 << 20, "float32")]["us_per_call"] == 9.0
+  assert len(best) == 2
+
+
+@pytest.mark.parametrize("auto_us,near,slower_ok,fast", [
+    (2.05, True, True, True),     # 2.5% above the best: near, 7.8x lax.psum
+    (2.2, False, True, True),     # 10% above the best
+    (6.0, False, True, False),    # < 3x lax.psum
+    (17.0, False, False, False),  # slower than lax.psum
+])
+def test_verdicts_apply_issue_11s_three_rules(auto_us, near, slower_ok, fast):
+  from jax_llar.tools.tune_plan import AUTO, verdicts
+  rows = [_vrow("lax.psum", 16.0), _vrow("llar.one_shot_ll", 2.0),
+          _vrow(AUTO, auto_us, algorithm="one_shot_ll")]
+  (v,) = verdicts(rows)
+  assert (v["near_best"], v["not_slower_than_psum"], v["fast_enough"]) == (near, slower_ok,
+                                                                           fast)
+  assert v["auto_over_best"] == pytest.approx(auto_us / 2.0)
+  assert v["auto_algorithm"] == "one_shot_ll" and v["correct"]
+
+
+def test_verdicts_above_1_mib_ask_no_speedup_and_psum_counts_as_a_choice():
+  from jax_llar.tools.tune_plan import AUTO, verdicts
+  big = 16 << 20
+  rows = [_vrow("lax.psum", 100.0, nbytes=big), _vrow(AUTO, 103.0, nbytes=big, fast=False)]
+  (v,) = verdicts(rows)
+  assert v["fast_enough"] is None and v["best_impl"] is None
+  assert v["near_best"] and not v["not_slower_than_psum"] and v["auto_algorithm"] is None
+  rows[0]["correct"] = False
+  assert not verdicts(rows)[0]["correct"]

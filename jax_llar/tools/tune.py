@@ -2,6 +2,7 @@
 
   python -m jax_llar.tools.tune                        measure, write the tables
   python -m jax_llar.tools.tune --from_results FILE    build them from saved results
+  python -m jax_llar.tools.tune --verify               measure, write, then verify them
 
 Measuring needs 2+ CUDA GPUs driven by this process and the CUDA extension.
 For each number of ranks the local GPUs can form (2, 4, 8, 16 up to their
@@ -29,6 +30,14 @@ so far (larger sizes take longer, so early estimates run low). Narrow a run
 with --ranks, --min_bytes, --max_bytes, --dtypes and --algorithms, and join
 runs with --from_results a.json,b.json.
 
+--verify (or --verify_from a saved tune result, without the tuning pass)
+then checks the tables in use: per size and dtype one interleaved run of
+lax.psum, the automatic choice (llar.auto, which reads the new tables) and
+the fastest algorithm of the tuning pass, saved as
+<machine>-<yyyymmdd>-tune-verify.json with the verdicts of issue 11 per row
+(never slower than lax.psum; within 5% of the best single choice; 3x
+lax.psum up to 1 MiB), each also printed with the sizes that miss it.
+
 With --from_results the tables are built from saved JAX-level result files
 (this tool's, or python -m jax_llar.tools.bench --level jax) without
 measuring; --architecture names the GPUs' architecture (e.g. sm_90) where
@@ -38,6 +47,7 @@ repository's benchmarks/METHOD.md.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -48,8 +58,8 @@ from jax_llar import tuning
 from jax_llar.algorithms import MAX_BYTES, MAX_RANKS, NON_DETERMINISTIC, Algorithm
 from jax_llar.config import settings
 from jax_llar.tools import _cli, host, report
-from jax_llar.tools.tune_plan import (chain_lengths, default_ranks, default_sizes,
-                                      from_results_command)
+from jax_llar.tools.tune_plan import (AUTO, chain_lengths, default_ranks, default_sizes,
+                                      fastest, from_results_command, verdicts)
 
 # What a tuning table may choose: every algorithm but the non-deterministic
 # ones (floating-point atomics), which only JAX_LLAR_ALGORITHM runs.
@@ -112,6 +122,27 @@ STORE_ATOMICITY = flags.DEFINE_list(
     "tables choose the LL128 algorithms: they must have passed across two devices, "
     "in both directions; without them the LL128 algorithms are measured but never "
     "chosen (jax_llar.algorithms.NEEDS_STORE_ATOMICITY).")
+
+MAX_SECONDS = flags.DEFINE_float(
+    "max_seconds", 0.0,
+    "Stop the tuning pass before a measurement that would start after this long "
+    "(0: no limit); the tables are built from the sizes measured until then "
+    "(larger sizes keep lax.psum), and the run says which were left out.",
+    lower_bound=0.0)
+VERIFY_MAX_SECONDS = flags.DEFINE_float(
+    "verify_max_seconds", 0.0,
+    "The same bound for the verification run (0: no limit).", lower_bound=0.0)
+VERIFY = flags.DEFINE_bool(
+    "verify", False,
+    "After writing the tables, a verification run: per size and dtype, lax.psum, "
+    "the automatic choice (reading the tables just written) and the fastest "
+    "algorithm of the tuning pass, measured together; saved as "
+    "<machine>-<yyyymmdd>-tune-verify.json with issue 11's verdicts. The tables "
+    "must go to the tuning directory (leave --out unset; set JAX_LLAR_TUNING_DIR).")
+VERIFY_FROM = flags.DEFINE_string(
+    "verify_from", None,
+    "Measure nothing but the verification run (see --verify) of the tables in "
+    "the tuning directory, with the fastest algorithms of this saved tune result.")
 
 flags.register_validator(
     "dtypes", lambda v: bool(v) and all(d in ("f32", "bf16", "f16", "float32",
@@ -215,7 +246,14 @@ def measure() -> int:
         flush=True)
   rng = np.random.default_rng(SEED.value)
   rows, done, t0 = [], 0, time.monotonic()
+  skipped = []
   for i, (r, size, dt_name) in enumerate(units):
+    if MAX_SECONDS.value and time.monotonic() - t0 > MAX_SECONDS.value:
+      skipped = units[i:]
+      print(f"jax_llar.tools.tune: --max_seconds {MAX_SECONDS.value:g} reached; "
+            f"{len(skipped)} measurements left out, from {skipped[0][1]} B "
+            f"{skipped[0][2]} on", flush=True)
+      break
     mesh = Mesh(np.array(devices[:r]), ("x",))
     impls = impls_at(size)
     ks, kl = chain_lengths(size, K_SHORT.value, K_LONG.value, LONG_CHAIN_BYTES.value)
@@ -240,7 +278,9 @@ def measure() -> int:
                          "k_long": K_LONG.value,
                          "long_chain_bytes": LONG_CHAIN_BYTES.value,
                          "calls": CALLS.value, "rounds": ROUNDS.value,
-                         "margin": MARGIN.value, "seed": SEED.value},
+                         "margin": MARGIN.value, "seed": SEED.value,
+                         "left_out": [{"ranks": r, "bytes_per_rank": b, "dtype": d}
+                                      for r, b, d in skipped]},
             "dispatch": [d.to_dict() for d in jax_llar.dispatch_log()][-50:]}
   paths = report.save(result, RESULTS_OUT.value or _out_dir(), report.stem("tune"),
                       plot_title=report.machine_name())
@@ -254,10 +294,83 @@ def measure() -> int:
     print(f"jax_llar.tools.tune: no table written: {e}")
     return 1
   write_tables(tables)
+  if VERIFY.value:
+    return verify(rows, devices)
   return 0
 
 
+def verify(tuned_rows, devices) -> int:
+  """The verification run of the tables in the tuning directory (--verify);
+  the exit status (1 when a row's output was wrong)."""
+  import numpy as np
+  from jax.sharding import Mesh
+  import jax_llar
+  from jax_llar.tools import jax_level
+
+  if OUT.value and os.path.abspath(_out_dir()) != os.path.abspath(
+      os.path.expanduser(settings.tuning_dir)):
+    print("jax_llar.tools.tune: --verify reads the tables from the tuning directory "
+          f"({settings.tuning_dir}); --out {OUT.value} is elsewhere, so nothing to verify")
+    return 1
+  tuning.clear_cache()
+  best = fastest(tuned_rows)
+  units = sorted({(r["world_size"], r["bytes_per_rank"], r["dtype"]) for r in tuned_rows})
+  by_name = {str(jax_level.DTYPES[d]): d for d in jax_level.DTYPES}
+  rng = np.random.default_rng(SEED.value + 1)
+  rows, t0 = [], time.monotonic()
+  print(f"jax_llar.tools.tune: verification run, {len(units)} measurements", flush=True)
+  for i, (r, size, dtype) in enumerate(units):
+    if r > len(devices):
+      continue
+    if VERIFY_MAX_SECONDS.value and time.monotonic() - t0 > VERIFY_MAX_SECONDS.value:
+      print(f"jax_llar.tools.tune: --verify_max_seconds reached; {len(units) - i} "
+            "measurements left out", flush=True)
+      break
+    mesh = Mesh(np.array(devices[:r]), ("x",))
+    b = best.get((r, size, dtype))
+    impls = ["lax.psum", AUTO] + ([b["impl"]] if b else [])
+    forced = {b["impl"]: Algorithm.from_short_name(b["impl"].removeprefix("llar."))} if b else {}
+    ks, kl = chain_lengths(size, K_SHORT.value, K_LONG.value, LONG_CHAIN_BYTES.value)
+    got = jax_level.measure(impls, mesh, jax_level.DTYPES[by_name[dtype]], size, ks, kl,
+                            CALLS.value, ROUNDS.value, rng, forced=forced)
+    rows += got
+    v = verdicts(got)
+    line = ", ".join(f"{x['impl']} {x['us_per_call']:.2f}" + ("" if x["correct"] else " WRONG")
+                     for x in got)
+    if v:
+      line += (f"; auto ran {v[0]['auto_algorithm'] or 'lax.psum'}, "
+               f"{v[0]['psum_over_auto']:.2f}x lax.psum")
+    print(f"[verify {i + 1}/{len(units)}] {r} ranks {size} B {dtype}: {line} us/step; "
+          f"{_duration(time.monotonic() - t0)} elapsed", flush=True)
+  found = verdicts(rows)
+  result = {"env": report.environment(), "level": "tune-verify",
+            "architecture": tuning.architecture_of(devices[0]), "rows": rows,
+            "verdicts": found, "tables": tuning.tables_seen(),
+            "settings": {"k_short": K_SHORT.value, "k_long": K_LONG.value,
+                         "long_chain_bytes": LONG_CHAIN_BYTES.value,
+                         "calls": CALLS.value, "rounds": ROUNDS.value,
+                         "seed": SEED.value + 1},
+            "dispatch": [d.to_dict() for d in jax_llar.dispatch_log()][-50:]}
+  paths = report.save(result, RESULTS_OUT.value or _out_dir(), report.stem("tune-verify"),
+                      plot_title=report.machine_name())
+  print(f"saved {', '.join(paths)}")
+  for key, label in (("not_slower_than_psum", "never slower than lax.psum"),
+                     ("near_best", "within 5% of the best single choice"),
+                     ("fast_enough", ">= 3x lax.psum up to 1 MiB")):
+    misses = [f"{v['bytes_per_rank']} B {v['dtype']}" for v in found if v[key] is False]
+    print(f"{label}: {'yes' if not misses else 'no, at ' + ', '.join(misses)}")
+  return 0 if all(v["correct"] for v in found) else 1
+
+
 def main() -> int:
+  if VERIFY_FROM.value:
+    devices, why = _cuda_devices()
+    if len(devices) < 2:
+      print(f"jax_llar.tools.tune: --verify_from needs 2+ CUDA GPUs; found {len(devices)}"
+            + (f" ({why})" if why else ""))
+      return 1
+    with open(VERIFY_FROM.value) as f:
+      return verify(json.load(f)["rows"], devices)
   if FROM_RESULTS.value:
     paths = list(FROM_RESULTS.value)
     try:
