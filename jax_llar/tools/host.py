@@ -55,3 +55,24 @@ def use_cpu(n: int) -> list[str]:
   if force_host_devices(n):
     changed.append(f"XLA_FLAGS={os.environ['XLA_FLAGS']}")
   return changed
+
+
+def gpu_memory_used_mib() -> list[int] | None:
+  """Device memory in use per GPU, MiB, as ``nvidia-smi`` reports it (every
+  allocation of every process: XLA's pool, NCCL's buffers, jax_llar's
+  regions, loaded modules); None where nvidia-smi is missing or fails.
+  Long tools print it with their progress, so that growth shows."""
+  import subprocess
+  try:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used",
+                          "--format=csv,noheader,nounits"], capture_output=True,
+                         text=True, timeout=10, check=True).stdout
+    return [int(v) for v in out.split()]
+  except (OSError, subprocess.SubprocessError, ValueError):
+    return None
+
+
+def memory_note() -> str:
+  """``"; GPU memory used 1234/1200 MiB"`` for a progress line, or ``""``."""
+  used = gpu_memory_used_mib()
+  return f"; GPU memory used {'/'.join(str(u) for u in used)} MiB" if used else ""

@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 
 from jax_llar import algorithms, testing
+from jax_llar.tools import host
 
 # A soak whose first this many cases (or programs) were all skipped ends as a
 # failure instead of drawing for ever.
@@ -64,8 +65,8 @@ class Tally:
     eta = "?" if math.isinf(left) else f"{max(left, 0):.0f} s"
     print(f"soak: {self.checked:>10,d}/{self.requested:,d} calls checked "
           f"({100 * self.checked / self.requested:5.1f}%), {rate:,.0f} calls/s, "
-          f"{self.mismatches} mismatches, {elapsed:.0f} s elapsed, about {eta} left",
-          flush=True)
+          f"{self.mismatches} mismatches, {elapsed:.0f} s elapsed, about {eta} left"
+          f"{host.memory_note()}", flush=True)
 
   def record(self) -> dict:
     return {"calls_requested": self.requested, "calls_checked": self.checked,

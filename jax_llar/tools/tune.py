@@ -270,7 +270,7 @@ def measure() -> int:
         + ("" if x["fast_path"] is not False else " (fell back)") for x in got)
     print(f"[{i + 1}/{len(units)}] {r} ranks {size} B {dt_name} (K {ks}/{kl}): "
           f"{times} us/step; {_duration(elapsed)} elapsed, about "
-          f"{_duration(left)} left", flush=True)
+          f"{_duration(left)} left{host.memory_note()}", flush=True)
   result = {"env": report.environment(), "level": "tune", "architecture": arch,
             "rows": rows,
             "settings": {"ranks": ranks, "sizes": sorted(sizes), "dtypes": DTYPES.value,
@@ -341,7 +341,7 @@ def verify(tuned_rows, devices) -> int:
       line += (f"; auto ran {v[0]['auto_algorithm'] or 'lax.psum'}, "
                f"{v[0]['psum_over_auto']:.2f}x lax.psum")
     print(f"[verify {i + 1}/{len(units)}] {r} ranks {size} B {dtype}: {line} us/step; "
-          f"{_duration(time.monotonic() - t0)} elapsed", flush=True)
+          f"{_duration(time.monotonic() - t0)} elapsed{host.memory_note()}", flush=True)
   found = verdicts(rows)
   result = {"env": report.environment(), "level": "tune-verify",
             "architecture": tuning.architecture_of(devices[0]), "rows": rows,

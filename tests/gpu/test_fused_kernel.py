@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_llar
-from jax_llar import _ext, comm, fused, testing
+from jax_llar import _ext, algorithms, comm, fused, testing
 
 import fused_helpers as fh
 
@@ -22,18 +22,27 @@ EPS = 1e-6
 
 
 def _comm_set(mesh) -> comm.CommSet:
+  """The mesh's communicator set with the one-shot's region, which the fused
+  kernel shares (the lowering allocates it; these direct calls must)."""
   assert _ext.load() is not None, _ext.reason()
-  return comm.get_or_create([[d.local_hardware_id for d in mesh.devices.flat]])
+  cs = comm.get_or_create([[d.local_hardware_id for d in mesh.devices.flat]])
+  cs.ensure(algorithms.Algorithm.ONE_SHOT_LL)
+  return cs
+
+
+# Any signature in range (16 bits): every rank's call site is the same here.
+SIGNATURE = 0x2A5
 
 
 def _fused(cs: comm.CommSet, eps: float = EPS):
-  """The FFI call as the lowering is to emit it: operands (x, residual,
-  weight), results (normed, new_residual), row-major."""
+  """The FFI call as the lowering emits it (jax_llar.fused._fused_call):
+  operands (x, residual, weight), results (normed, new_residual),
+  row-major."""
   def call(x, residual, weight):
     out = jax.ShapeDtypeStruct(x.shape, x.dtype)
     normed, new_residual = jax.ffi.ffi_call(fh.TARGET, (out, out))(
         x, residual, weight, comm_id=np.int64(cs.comm_id),
-        comm_key=np.int64(cs.key), eps=np.float32(eps))
+        comm_key=np.int64(cs.key), eps=np.float32(eps), signature=np.int64(SIGNATURE))
     return normed, new_residual
   return call
 
