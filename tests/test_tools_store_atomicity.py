@@ -30,6 +30,19 @@ def test_link_from_the_topology_matrix():
   assert sa.parse_topology("", TOPO, "0000:19:00.0", "0000:3b:00.0") is None
 
 
+def test_link_from_a_matrix_whose_header_carries_terminal_escapes():
+  # As the 2 x H200 machine's nvidia-smi prints it into a pipe (env.log of
+  # the 2026-12-01 run): the header underlined with ESC[4m ... ESC[0m. The
+  # record of the direction 0 -> 1 said link None before the escapes were
+  # dropped.
+  topo = ("\t\x1b[4mGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+          "GPU0\t X \tNV18\t0-31\t0\t\tN/A\n"
+          "GPU1\tNV18\t X \t0-31\t0\t\tN/A\n")
+  indices = "0, 00000000:19:00.0\n1, 00000000:3B:00.0\n"
+  assert sa.parse_topology(indices, topo, "0000:19:00.0", "0000:3b:00.0") == "NV18"
+  assert sa.parse_topology(indices, topo, "0000:3b:00.0", "0000:19:00.0") == "NV18"
+
+
 def _native(**kw):
   r = {"same_device": True, "line_rounds": 4096, "rounds_completed": 2, "polls": 5000,
        "torn_lines": 0, "torn_loads": 0, "bad_words": 0, "first_torn": None,

@@ -7,6 +7,7 @@ which says what the test does.
 
 from __future__ import annotations
 
+import re
 import subprocess
 from typing import Any
 
@@ -42,6 +43,9 @@ def parse_topology(indices_csv: str, topo: str, bus_a: str, bus_b: str) -> str |
   a, b = index.get(_bus_key(bus_a)), index.get(_bus_key(bus_b))
   if a is None or b is None:
     return None
+  # nvidia-smi underlines the header with terminal escapes (ESC[4m ... ESC[0m)
+  # on some drivers, even into a pipe: drop them, or the header is not found.
+  topo = re.sub(r"\x1b\[[0-9;]*m", "", topo)
   lines = [ln.split() for ln in topo.splitlines() if ln.strip()]
   # The header is the first line that starts with GPU0 (the rows follow it).
   top = next((i for i, cells in enumerate(lines) if cells[0] == "GPU0"), None)

@@ -207,27 +207,42 @@ def run_jax(tally: Tally, algs: Sequence[str], dtypes: Sequence[str], max_bytes:
         tally.failure = {"error": "no program took the fast path", "last": why}
       continue
     tally.units += 1
-    for step in range(steps):
-      if tally.done:
-        break
-      i = step % sets
-      try:
-        outs = compiled(*inputs[i])
-        got = [np.asarray(o) for o in outs]
-      except Exception as e:  # the bounded wait's error, a lost context
-        tally.failure = {"error": f"{type(e).__name__}: {e}"[:2000], "algorithm":
-                         alg.short_name, "dtype": str(dtype), "step": step,
-                         "error_reports": jax_llar.error_reports()}
-        return
-      bad = [(j, r) for j, g in enumerate(got) for r in range(world)
-             if not testing.bitwise_equal(g[r], refs[i][j])]
-      n = min(psums, tally.requested - tally.checked)
-      if bad:
-        tally.mismatches += len({j for j, _ in bad})
-        if tally.first_mismatch is None:
-          j, r = bad[0]
-          tally.first_mismatch = {"algorithm": alg.short_name, "dtype": str(dtype),
-                                  "elements": counts[j], "rank": r, "step": step,
-                                  "psum": j}
-      tally.add(n, alg.short_name, str(dtype), world)
-      tally.progress(progress_s)
+    _run_program(tally, compiled, inputs, refs, alg, dtype, counts, steps, sets, psums,
+                 world, progress_s)
+    # Drop the program before the next one is compiled (JAX's caches would
+    # keep every one, with device memory outside XLA's pool).
+    del compiled, fn
+    jax.clear_caches()
+    if tally.failure is not None:
+      return
+
+
+def _run_program(tally, compiled, inputs, refs, alg, dtype, counts, steps, sets, psums,
+                 world, progress_s) -> None:
+  """Runs one compiled soak program for up to `steps` steps, checking every
+  output (run_jax's inner loop); a failed call sets tally.failure."""
+  import jax_llar
+  for step in range(steps):
+    if tally.done:
+      break
+    i = step % sets
+    try:
+      outs = compiled(*inputs[i])
+      got = [np.asarray(o) for o in outs]
+    except Exception as e:  # the bounded wait's error, a lost context
+      tally.failure = {"error": f"{type(e).__name__}: {e}"[:2000], "algorithm":
+                       alg.short_name, "dtype": str(dtype), "step": step,
+                       "error_reports": jax_llar.error_reports()}
+      return
+    bad = [(j, r) for j, g in enumerate(got) for r in range(world)
+           if not testing.bitwise_equal(g[r], refs[i][j])]
+    n = min(psums, tally.requested - tally.checked)
+    if bad:
+      tally.mismatches += len({j for j, _ in bad})
+      if tally.first_mismatch is None:
+        j, r = bad[0]
+        tally.first_mismatch = {"algorithm": alg.short_name, "dtype": str(dtype),
+                                "elements": counts[j], "rank": r, "step": step,
+                                "psum": j}
+    tally.add(n, alg.short_name, str(dtype), world)
+    tally.progress(progress_s)

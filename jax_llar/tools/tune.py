@@ -186,6 +186,17 @@ def _duration(s: float) -> str:
   return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def _release() -> None:
+  """Drops the compiled programs of a finished measurement (JAX's caches
+  hold them, and with them device memory outside XLA's pool): a tune run
+  compiles a few hundred programs, and on 2 x H200 a run that kept them all
+  ran out of device memory (benchmarks/NOTES.md, entry 41)."""
+  import gc
+  import jax
+  jax.clear_caches()
+  gc.collect()
+
+
 def _cuda_devices() -> tuple[list, str | None]:
   """The local CUDA devices, or ([], why not)."""
   if not host.gpu_present():
@@ -261,6 +272,7 @@ def measure() -> int:
                             CALLS.value, ROUNDS.value, rng,
                             forced={a.impl: a for a in algorithms})
     rows += got
+    _release()
     done += len(impls)
     elapsed = time.monotonic() - t0
     left = elapsed / done * (total - done)
@@ -334,6 +346,7 @@ def verify(tuned_rows, devices) -> int:
     got = jax_level.measure(impls, mesh, jax_level.DTYPES[by_name[dtype]], size, ks, kl,
                             CALLS.value, ROUNDS.value, rng, forced=forced)
     rows += got
+    _release()
     v = verdicts(got)
     line = ", ".join(f"{x['impl']} {x['us_per_call']:.2f}" + ("" if x["correct"] else " WRONG")
                      for x in got)
