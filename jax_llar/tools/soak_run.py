@@ -25,7 +25,37 @@ NP_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfl
 
 @dataclasses.dataclass
 class Tally:
-  """What a soak has checked so far, and its first failure."""
+  """What a soak has checked so far, and its first failure.
+
+  run_loopback and run_jax fill it in; jax_llar.tools.soak prints its
+  progress and saves record() as the soak's result.
+
+  Attributes:
+    requested: calls to check (a call: one all-reduce on all ranks).
+    checked: calls checked so far (add()).
+    mismatches: loopback: cases, jax: psums of a program step, whose output
+      differed from the reference in at least one bit on at least one rank.
+    by_algorithm, by_dtype, by_world: calls checked per algorithm short
+      name, dtype name and world size (the key a str).
+    skipped: cases or programs skipped, per reason ("<algorithm>: <why>").
+    units: cases (loopback) or programs (jax) run or skipped.
+    max_seconds: wall time, seconds, after which the soak stops unfinished
+      (stopped_early); math.inf (the default) never stops it.
+    stopped_early: set by `done` when max_seconds ran out before `requested`
+      calls were checked.
+    failure: the first failure (a failed or short case's row, the error of a
+      failed call, or why nothing could run), None while there is none.
+    first_mismatch: where the first wrong sum was (algorithm, dtype, rank,
+      call or step ...), None while there is none.
+    started: time.perf_counter() when the tally was made, seconds.
+    last_print: time.perf_counter() of the last progress line, seconds.
+
+  Example:
+    >>> t = Tally(1000)
+    >>> t.add(250, "one_shot_ll", "float32", 2)
+    >>> t.done, t.record()["calls_checked"], t.record()["passed"]
+    (False, 250, False)
+  """
   requested: int
   checked: int = 0
   mismatches: int = 0
@@ -101,9 +131,50 @@ def run_loopback(tally: Tally, algs: Sequence[str], dtypes: Sequence[str],
                  timeout_ms: int, rng: np.random.Generator, progress_s: float,
                  run_case: Callable[..., dict] | None = None) -> None:
   """Random loopback cases until `tally` is done (see the module docstring).
-  A case the harness skips (a dtype an algorithm does not serve, grids that
-  are not co-resident) is counted in tally.skipped by reason; a failed one
-  ends the soak."""
+
+  Each case draws an algorithm, a dtype and a simulated world size uniformly
+  from `algs`, `dtypes` and `worlds`, a payload per rank log-uniform up to
+  min(`max_bytes`, the algorithm's limit) (log_uniform_size), and runs up to
+  `calls_per_case` consecutive checked calls on the loopback harness
+  (jax_llar.tools.loopback_harness), fewer when fewer calls are left or the
+  outputs would pass 64 MiB. A case the harness skips (a dtype an algorithm
+  does not serve, grids that are not co-resident), or refuses with a
+  ValueError, is counted in tally.skipped by reason; when the first
+  MAX_SKIPPED_BEFORE_ANY cases were all skipped, tally.failure says so. A
+  case that fails, or checks fewer calls than it ran, sets tally.failure
+  (and tally.mismatches and tally.first_mismatch when a sum was wrong) and
+  ends the soak. Results go into `tally` only; nothing is returned.
+
+  Args:
+    tally: the tally to fill in; the loop runs until tally.done.
+    algs: algorithm short names to mix (ones the harness simulates).
+    dtypes: dtype names to mix (keys of loopback_harness.DTYPES).
+    worlds: simulated world sizes to mix, 2..16.
+    max_bytes: largest payload per rank, bytes.
+    calls_per_case: consecutive calls per case, at most.
+    sets: input sets per case (loopback_harness.Settings.sets).
+    timeout_ms: the kernels' bound on every wait, milliseconds.
+    rng: the source of every random choice (cases, seeds of their inputs).
+    progress_s: seconds between progress lines (Tally.progress).
+    run_case: runs one case, (module, Settings, Case, rng) -> row dict as
+      loopback_harness.run_case returns it; None (the default) runs the
+      harness itself on the native tools module. Tests pass a fake.
+
+  Raises:
+    RuntimeError: `run_case` is None and the native tools module cannot be
+      loaded (jax_llar.tools._native.require).
+    ValueError: a name in `algs` is not an algorithm's short name.
+    KeyError: a name in `dtypes` is not a key of loopback_harness.DTYPES.
+    Any other exception `run_case` raises propagates (the tally keeps what
+    was checked before it).
+
+  Example:
+    >>> tally = Tally(10_000)
+    >>> run_loopback(tally, ["one_shot_ll"], ["float32"], [2, 4], 262144, 4000,
+    ...              4, 5000, np.random.default_rng(0), 10.0)  # doctest: +SKIP
+    >>> tally.record()["passed"]  # doctest: +SKIP
+    True
+  """
   from jax_llar.tools import loopback_harness as lh
   mod = None
   if run_case is None:
@@ -158,7 +229,48 @@ def _program_sizes(rng, itemsize: int, limit: int, k: int) -> list[int]:
 def run_jax(tally: Tally, algs: Sequence[str], dtypes: Sequence[str], max_bytes: int,
             psums: int, steps: int, sets: int, rng: np.random.Generator,
             progress_s: float) -> None:
-  """Random programs until `tally` is done (see the module docstring)."""
+  """Random programs until `tally` is done (see the module docstring).
+
+  Each program is a jitted shard_map over every GPU (mesh axis "x") of
+  `psums` jax_llar.psum calls, one algorithm drawn from `algs` forced
+  (jax_level.forcing), one dtype drawn from `dtypes`, each psum's payload per
+  rank log-uniform up to min(`max_bytes`, the algorithm's limit). It is
+  compiled once; when the dispatch log shows that not every psum took the
+  fast path with that algorithm, the program is skipped (tally.skipped, by
+  reason) and, after 50 programs with no call checked, tally.failure says
+  so. Otherwise the program runs up to `steps` steps over `sets` input sets
+  (set 1: special values, set 2 for float dtypes: every NaN bit pattern and
+  all-ones words), each psum's output on every rank compared bit for bit
+  with testing.rank_order_sum; a call is one psum of one step. A wrong sum
+  is counted (tally.mismatches, tally.first_mismatch) and the soak goes on;
+  a call that raises (the bounded wait's error, a lost context) sets
+  tally.failure, with jax_llar.error_reports(), and ends the soak. Every
+  program is dropped and JAX's caches cleared (jax.clear_caches) before the
+  next one. Results go into `tally` only; nothing is returned.
+
+  Args:
+    tally: the tally to fill in; the loop runs until tally.done.
+    algs: algorithm short names to mix.
+    dtypes: dtype names to mix (keys of NP_DTYPES).
+    max_bytes: largest payload per rank and psum, bytes.
+    psums: psums per program (mixed sizes).
+    steps: steps each program runs, at most, before the next one.
+    sets: input sets per program; step i uses set i % sets.
+    rng: the source of every random choice (programs, inputs).
+    progress_s: seconds between progress lines (Tally.progress).
+
+  Raises:
+    ValueError: a name in `algs` is not an algorithm's short name.
+    KeyError: a name in `dtypes` is not a key of NP_DTYPES.
+    An error while building or compiling a program (no GPU, say; the caller,
+    jax_llar.tools.soak, checks for 2+ GPUs first) propagates; errors of
+    the calls themselves are recorded in tally.failure instead.
+
+  Example:
+    >>> tally = Tally(100_000)
+    >>> run_jax(tally, ["one_shot_ll", "two_shot_ll"], ["float32", "bfloat16"],
+    ...         262144, 64, 500, 4, np.random.default_rng(0), 10.0)  # doctest: +SKIP
+  """
   import jax
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
