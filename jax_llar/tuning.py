@@ -212,9 +212,31 @@ def dumps(data: Mapping[str, Any]) -> str:
 def load(path, *, hint: str = "") -> policy.TuningTable:
   """Reads and validates the table file at `path`.
 
+  Reads the file every time (no cache; `lookup` caches what it reads) and
+  whatever its name: the name's architecture and ranks are not checked
+  against the content here (`lookup` does that for the files it finds).
+
+  Args:
+    path: the file, a str or ``os.PathLike`` (UTF-8 JSON in the format of
+      the module docstring).
+    hint: what to do about a bad file (e.g. which setting names it),
+      appended to an error's message in parentheses; "" adds nothing.
+
+  Returns:
+    the validated ``policy.TuningTable``: its rows in increasing
+    ``max_bytes`` (bytes per rank), ``source`` the path as a str
+    (``os.fspath(path)``), ``provenance`` the file's.
+
   Raises:
-    TuningTableError: the file cannot be read, is not JSON, or breaks the
-      format (`from_dict`); `hint` is added to the message.
+    TuningTableError: the file cannot be read (missing, a directory, no
+      permission), is not JSON, or breaks the format (`from_dict`); the
+      message starts ``"jax_llar tuning table <path>: "``.
+
+  Example::
+
+    >>> t = load(SHIPPED_DIR / "sm_90-2ranks.json")
+    >>> t.label, [(r.max_bytes, r.name) for r in t.rows]
+    ('sm_90 x 2 ranks', [(262144, 'one_shot_ll')])
   """
   path = os.fspath(path)
   try:
@@ -232,12 +254,39 @@ def load(path, *, hint: str = "") -> policy.TuningTable:
 
 def write(data: Mapping[str, Any], directory) -> str:
   """Validates the table `data` and writes it to
-  ``<directory>/<architecture>-<ranks>ranks.json`` (replacing a file of that
-  name at once, never half-written). Returns the path.
+  ``<directory>/<architecture>-<ranks>ranks.json`` (`file_name`).
+
+  The text is ``dumps(data)``, `data` as given (not normalised through
+  ``policy.TuningTable``). It goes to ``<path>.tmp<pid>`` first, then
+  replaces a file of that name at once (``os.replace``), so a reader never
+  sees it half-written. Nothing is written when validation fails. Written
+  to the tuning directory (``settings.tuning_dir``), the table serves its
+  pair from the next lowering that looks the pair up (`lookup` reads a file
+  again after it changes); programs lowered before keep their decisions.
+
+  Args:
+    data: the table's JSON content, as `to_dict` or `build_tables` give it
+      (keys format, architecture, ranks, rows, provenance).
+    directory: where to write, a str or ``os.PathLike``; created, with its
+      parents, when missing.
+
+  Returns:
+    the path of the written file, ``os.path.join(directory, file_name(...))``.
 
   Raises:
-    TuningTableError: `data` breaks the format.
+    TuningTableError: `data` breaks the format (`from_dict`; the message
+      names the source "(to be written)").
     OSError: the directory cannot be created or written.
+    TypeError: provenance holds a value JSON cannot encode; the target is
+      left as it was, but the empty temporary file stays behind.
+
+  Example::
+
+    >>> write({"format": FORMAT, "architecture": "sm_90", "ranks": 4,
+    ...        "rows": [{"max_bytes": 1024, "algorithm": "one_shot_ll"}],
+    ...        "provenance": {k: None for k in PROVENANCE_KEYS}},
+    ...       "/tmp/tuning")  # doctest: +SKIP
+    '/tmp/tuning/sm_90-4ranks.json'
   """
   table = from_dict(data, "(to be written)")
   os.makedirs(directory, exist_ok=True)
@@ -346,14 +395,42 @@ def _lookup(architecture: str | None, ranks: int) -> Lookup:
 
 def lookup(architecture: str | None, ranks: int) -> Lookup:
   """The table that serves psums over `ranks` ranks on GPUs of
-  `architecture` (None: unknown), by the precedence of the module
-  docstring; remembered for ``jax_llar.status()``.
+  `architecture`, by the precedence of the module docstring.
+
+  In order: ``settings.tuning_file`` when it holds this pair's table (the
+  file is read whatever the pair, so a broken one fails at once); else,
+  for a known architecture, ``<settings.tuning_dir>/<file_name>``, then the
+  shipped ``SHIPPED_DIR/<file_name>``; else no table (the default rule).
+  Each file is read once and again only after its mtime or size changes.
+  The result is remembered per (architecture, ranks), replacing an earlier
+  one, for ``jax_llar.status()`` (`tables_seen`; `clear_cache` forgets).
+
+  Args:
+    architecture: e.g. ``"sm_90"`` (`architecture_name`); None when unknown
+      (devices that are not CUDA GPUs): only a forced file could serve, and
+      it never names None, so the default rule decides.
+    ranks: ranks per replica group. Not checked: a number no table can hold
+      (outside 2..MAX_RANKS) finds no file and gets the default rule.
+
+  Returns:
+    a `Lookup`: origin ``"file"``, ``"user"`` or ``"shipped"`` with the
+    table and its path in ``note``, or ``"default"`` with table None and in
+    ``note`` why there is none.
 
   Raises:
     TuningTableError: settings.tuning_file names a missing or broken file
       (checked whatever the pair), or the file for the pair in the tuning
       directory or among the shipped tables is broken or holds another
-      pair's table.
+      pair's table (its name says one pair, its content another). The
+      message names the file and the setting or directory to fix.
+
+  Example::
+
+    >>> found = lookup("sm_90", 2)  # with no user table: the shipped one
+    >>> found.origin, found.table.label
+    ('shipped', 'sm_90 x 2 ranks')
+    >>> lookup("sm_80", 4).note
+    'no tuning table for sm_80 x 4 ranks'
   """
   found = _lookup(architecture, ranks)
   with _lock:
@@ -363,11 +440,34 @@ def lookup(architecture: str | None, ranks: int) -> Lookup:
 
 def for_devices(devices: Iterable, ranks: int) -> Lookup:
   """`lookup` for a psum over `ranks` ranks on `devices` (every device of
-  its replica groups). Devices of several architectures get no table and a
-  `Lookup.refusal`: one psum takes one decision for all of its devices.
+  its replica groups).
+
+  The architecture is `architecture_of` each device (None for one that is
+  not a CUDA GPU). When all agree (or `devices` is empty: None), this is
+  ``lookup(architecture, ranks)``. Devices of several architectures (a
+  mix of known ones, or known and None) get no table and a
+  `Lookup.refusal`, because one psum takes one decision for all of its
+  devices: the lowering then falls back to lax.psum (dispatch reason
+  ``"architecture"``). That Lookup (architecture None, origin
+  ``"default"``) is remembered for ``jax_llar.status()`` under
+  (None, ranks); no file is read for it.
+
+  Args:
+    devices: the ``jax.Device`` objects (anything with ``platform`` and, for
+      GPUs, ``compute_capability``); iterated once.
+    ranks: ranks per replica group.
+
+  Returns:
+    a `Lookup`, as `lookup` gives it, or the refusal above.
 
   Raises:
-    TuningTableError: as `lookup`.
+    TuningTableError: as `lookup` (not for devices of several
+      architectures, which read no file).
+
+  Example::
+
+    >>> for_devices(jax.devices("cpu"), 2).note  # doctest: +SKIP
+    'architecture unknown (the devices are not CUDA GPUs)'
   """
   archs = {architecture_of(d) for d in devices}
   if len(archs) > 1:
