@@ -14,10 +14,15 @@ On CUDA the lowering asks ``jax_llar.lowering.decide`` (with the fused
 kernel's own shape rule, ``algorithms.add_rms_norm_refusal``, and its need
 for thread block clusters) and emits the fused kernel's FFI call, one launch
 doing all three steps as TensorRT-LLM, vLLM and FlashInfer fuse them
-(ffi/src/kernels/one_shot_ll_add_rms_norm.cuh). Everywhere else, and where
-the decision refuses, the op lowers to the reference, whose psum takes
-jax_llar's one-shot path where that serves it. The decision is recorded
-with ``op="psum_add_rms_norm"``.
+(ffi/src/kernels/one_shot_ll_add_rms_norm.cuh). Where the decision refuses
+on CUDA, the op lowers to the reference, whose psum goes through jax_llar's
+dispatch as any ``jax_llar.psum`` does (it may still take a fast path, e.g.
+the one-shot for a shape the fused kernel does not serve) and is recorded
+as a decision of its own. On every other platform the op lowers to the
+reference with a plain ``lax.psum``: jax_llar's psum rule could only refuse
+there and lower it as ``lax.psum`` does, so the program is the same, and the
+dispatch log holds one decision per fused op. The fused op's decision is
+recorded with ``op="psum_add_rms_norm"``.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import jax.extend.linear_util as lu
 import numpy as np
 from jax._src.lib.mlir import ir
 
-from jax_llar import algorithms, log, lowering, signature
+from jax_llar import algorithms, log, lowering, signature, swap
 from jax_llar import psum as psum_lib
 
 
@@ -47,8 +52,22 @@ def reference(x, residual, weight, axis_name, eps: float = 1e-6):
   times rsqrt(mean(new_residual^2 over the last axis) + eps) times weight,
   computed in float32 and rounded once to x's dtype.
   """
-  new_residual = psum_lib.psum(x, axis_name) + residual
+  return _reference(psum_lib.psum, x, residual, weight, axis_name, eps)
+
+
+def _reference(psum, x, residual, weight, axis_name, eps: float):
+  """`reference` with the all-reduce `psum` (``jax_llar.psum``, or
+  `_jax_psum` where jax_llar has nothing to decide)."""
+  new_residual = psum(x, axis_name) + residual
   return _norm(new_residual, weight, eps), new_residual
+
+
+def _jax_psum(x, axis_name):
+  """``lax.psum`` marked to stay JAX's (``swap_psum(False)``'s mark, which
+  also holds under ``install()``): jax_llar's rule lowers it as JAX does and
+  records no decision for it."""
+  with swap.mark(swap.MARK_OFF):
+    return lax.psum(x, axis_name)
 
 
 def _norm(new_residual, weight, eps: float):
@@ -127,8 +146,8 @@ psum_add_rms_norm_p = core.Primitive("llar_psum_add_rms_norm")
 psum_add_rms_norm_p.multiple_results = True
 
 
-def _ref(axes, eps):
-  return lambda x, r, w: reference(x, r, w, axes, eps)
+def _ref(axes, eps, psum=psum_lib.psum):
+  return lambda x, r, w: _reference(psum, x, r, w, axes, eps)
 
 
 def _abstract_eval(x, residual, weight, *, axes, eps):
@@ -179,9 +198,18 @@ ad.primitive_jvps[psum_add_rms_norm_p] = _jvp
 batching.fancy_primitive_batchers[psum_add_rms_norm_p] = _batch
 
 
-def lower_reference(ctx, x, residual, weight, *, axes, eps):
-  """The op's lowering where no fused kernel serves it: the reference."""
-  return mlir.lower_fun(_ref(axes, eps), multiple_results=True)(ctx, x, residual, weight)
+def lower_reference(ctx, x, residual, weight, *, axes, eps, decide_psum: bool = True):
+  """The op's lowering where no fused kernel serves it: the reference.
+
+  Args:
+    decide_psum: True: the reference's psum is ``jax_llar.psum``, decided
+      (and recorded in the dispatch log) by jax_llar's psum rule, which may
+      give it a fast path (CUDA). False: it is ``lax.psum``, left to JAX and
+      not recorded; the same program wherever jax_llar's psum rule can only
+      refuse (every platform but CUDA).
+  """
+  fn = _ref(axes, eps, psum_lib.psum if decide_psum else _jax_psum)
+  return mlir.lower_fun(fn, multiple_results=True)(ctx, x, residual, weight)
 
 
 def _decide(ctx, axes, platform: str) -> log.Decision:
@@ -198,14 +226,21 @@ def _decide(ctx, axes, platform: str) -> log.Decision:
 
 def _lower_default(ctx, x, residual, weight, *, axes, eps):
   """Every platform but CUDA: records what CUDA GPUs would do (the fused
-  kernel's candidate, or why not), then lowers the reference."""
+  kernel's candidate, or why not), then lowers the reference with lax.psum.
+  That one decision is the op's only one: jax_llar's psum rule would refuse
+  the reference's psum here too ("platform", or an earlier reason) and lower
+  it as lax.psum, so it is not asked (a second decision for one op)."""
   platforms = [p for p in ctx.module_context.platforms if p != "cuda"]
   _decide(ctx, axes, ", ".join(platforms) or "this platform")
-  return lower_reference(ctx, x, residual, weight, axes=axes, eps=eps)
+  return lower_reference(ctx, x, residual, weight, axes=axes, eps=eps,
+                         decide_psum=False)
 
 
 def _lower_cuda(ctx, x, residual, weight, *, axes, eps):
-  """CUDA: the fused kernel where `decide` allows it, else the reference."""
+  """CUDA: the fused kernel where `decide` allows it, else the reference,
+  whose psum jax_llar decides (and records) as any jax_llar.psum: it may
+  take a fast path that the fused kernel could not (another shape rule, no
+  thread block clusters, a tuning table's algorithm)."""
   decision = _decide(ctx, axes, "cuda")
   if not decision.fast or decision.algorithm != algorithms.Algorithm.ONE_SHOT_LL:
     return lower_reference(ctx, x, residual, weight, axes=axes, eps=eps)

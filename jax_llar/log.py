@@ -141,7 +141,11 @@ def dispatch_log() -> list[Decision]:
   One entry per operand of each psum equation requested for the fast path
   (``jax_llar.psum``, ``swap_psum``, ``install``), each time a program is
   lowered; psums nobody requested are not recorded. A program lowered
-  again (another shape, a cache miss) adds entries again.
+  again (another shape, a cache miss) adds entries again. A
+  ``jax_llar.psum_add_rms_norm`` has one entry (``op="psum_add_rms_norm"``);
+  lowered for CUDA where the fused kernel refuses, a second one follows for
+  the psum of the unfused code it runs instead (``op="psum"``), which may
+  take a fast path of its own.
   """
   with _lock:
     return list(_records)

@@ -57,7 +57,7 @@ def test_equals_the_unfused_code(dtype, ranks, rows, d, check_vma):
     assert g.dtype == np.dtype(dtype)
     assert_bitwise(g, e)
   d_ = jax_llar.dispatch_log()
-  assert d_ and all(x.reason == "platform" for x in d_)  # the reference's psum
+  assert d_ and all(x.reason == "platform" for x in d_)
 
 
 def test_grad_equals_the_unfused_grad():
@@ -135,8 +135,10 @@ def _cuda_text(mesh, x, r, w, debug_info=False):
 
 def test_cuda_lowering_decides_the_fused_op():
   """Lowered for CUDA on CPU devices: one decision for the fused op (the
-  policy's candidate, refused by the platform) and one for the reference's
-  psum; the served shapes and the refused ones give their reasons."""
+  policy's candidate, refused by the platform) and, as on CUDA GPUs where
+  the fused kernel refuses, one for the reference's psum (which could take
+  a fast path of its own there); the served shapes and the refused ones give
+  their reasons."""
   mesh = mesh_of((2,), ("x",))
   x, r, w = _data(np.random.default_rng(4), 2, 2, 2048, BF16)
   text = _cuda_text(mesh, x, r, w)
@@ -205,6 +207,46 @@ def test_explain_finds_the_fused_op_in_a_rolled_loop():
                     check_vma=False)
   found = jax_llar.explain(f, jax.device_put(x, NamedSharding(mesh, P("x"))), r, w)
   assert [x.primitive for x in found] == ["llar_psum_add_rms_norm"]
+
+
+@pytest.mark.parametrize("mode", ["psum", "swap_psum", "install"])
+def test_cpu_records_one_decision_per_fused_op(mode):
+  """On CPU the fallback is the reference with lax.psum: the dispatch log
+  holds the fused op's decision and nothing for the reference's psum (also
+  where the swap would request every psum), and the results stay the
+  unfused code's, bitwise."""
+  mesh = mesh_of((4,), ("x",))
+  x, r, w = _data(np.random.default_rng(9), 4, 2, 64, BF16)
+
+  def two_ops(x, r, w):  # served and shape-refused (6-byte rows) fused ops
+    n, nr = jax_llar.psum_add_rms_norm(x, r, w, "x")
+    m, mr = jax_llar.psum_add_rms_norm(x[:, :3], nr[:, :3], w[:3], "x")
+    return n[:, :3] + m, mr
+
+  def unfused(x, r, w):
+    n, nr = _unfused(x, r, w)
+    m, mr = _unfused(x[:, :3], nr[:, :3], w[:3])
+    return n[:, :3] + m, mr
+
+  want = _run(unfused, mesh, x, r, w)
+  jax_llar.clear_dispatch_log()
+  try:
+    if mode == "install":
+      jax_llar.install()
+      got = _run(two_ops, mesh, x, r, w)
+    elif mode == "swap_psum":
+      with jax_llar.swap_psum():
+        got = _run(two_ops, mesh, x, r, w)
+    else:
+      got = _run(two_ops, mesh, x, r, w)
+  finally:
+    jax_llar.uninstall()
+  log = jax_llar.dispatch_log()
+  assert [(d.op, d.reason, d.impl, d.bytes_per_rank) for d in log] == [
+      ("psum_add_rms_norm", "platform", "reference", 2 * 64 * 2),
+      ("psum_add_rms_norm", "shape", "reference", 2 * 3 * 2)], log
+  for g, e in zip(got, want):
+    assert_bitwise(g, e)
 
 
 def test_cpu_decisions_say_what_gpus_would_do_for_the_fused_op():
