@@ -4,9 +4,17 @@
 // jax_llar.tools._llar_tools, ffi/tools/). No policy lives here; jax_llar/
 // decides. Importing it makes no CUDA call.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "handlers.h"
@@ -45,14 +53,48 @@ NB_MODULE(_llar, m) {
       "of local CUDA ordinals, without scratch; returns the communicator-set "
       "id. Raises RuntimeError on failure.");
   m.def(
-      "ensure_region",
-      [](int64_t comm_id, int64_t algorithm) {
+      "create_comm_set_of_ranks",
+      [](const std::vector<std::tuple<int, std::vector<int>, std::vector<int>, nb::bytes>>&
+             groups,
+         uint64_t timeout_ns) {
+        std::vector<llar::GroupSpec> specs;
+        for (const auto& [world, ranks, ordinals, unique_id] : groups) {
+          specs.push_back({world, ranks, ordinals,
+                           std::string(static_cast<const char*>(unique_id.data()),
+                                       unique_id.size())});
+        }
         nb::gil_scoped_release release;
-        llar::EnsureRegion(comm_id, algorithm);
+        return llar::CreateCommSetOfRanks(specs, timeout_ns);
       },
-      nb::arg("comm_id"), nb::arg("algorithm"),
+      nb::arg("groups"), nb::arg("timeout_ns"),
+      "Creates a communicator set whose groups may span processes: one tuple "
+      "(world, ranks, ordinals, unique_id) per group, with this process's ranks "
+      "(ascending) and their local CUDA ordinals, and the group's NCCL unique id "
+      "(128 bytes; empty when this process holds every rank). Collective over "
+      "each group's processes. Returns the communicator-set id. Raises "
+      "RuntimeError on failure.");
+  m.def(
+      "nccl_unique_id",
+      []() {
+        const std::string id = llar::NcclUniqueId();
+        return nb::bytes(id.data(), id.size());
+      },
+      "A fresh NCCL unique id (ncclGetUniqueId), 128 bytes. Raises RuntimeError.");
+  m.def(
+      "ensure_region",
+      [](int64_t comm_id, int64_t algorithm,
+         std::optional<std::function<bool(int, const std::string&)>> agree) {
+        nb::gil_scoped_release release;
+        // The callable runs with the GIL taken again (nanobind's wrapper).
+        llar::EnsureRegion(comm_id, algorithm, agree ? &*agree : nullptr);
+      },
+      nb::arg("comm_id"), nb::arg("algorithm"), nb::arg("agree") = nb::none(),
       "Allocates and registers the symmetric scratch region of `algorithm` (FFI "
-      "id) on every device of the set, once. Raises RuntimeError on failure.");
+      "id) on every device of the set, once. `agree(group: int, local_error: str) -> bool`, "
+      "for groups spanning processes: called after the local allocations and "
+      "before the collective registration; it must return True only when every "
+      "process of the group allocated (registry.h: RegionAgreement) and must not "
+      "raise. Raises RuntimeError on failure.");
   m.def("regions", &llar::RegionsOf, nb::arg("comm_id"),
         "FFI ids of the algorithms whose scratch regions the set holds.");
   m.def(

@@ -52,8 +52,8 @@ struct DeviceResources {
 };
 
 struct CommSet {
-  std::vector<std::vector<int>> groups;
-  std::vector<std::unique_ptr<DeviceResources>> devices;  // the groups' devices in order
+  std::vector<GroupSpec> groups;
+  std::vector<std::unique_ptr<DeviceResources>> devices;  // the groups' local devices in order
 };
 
 std::mutex g_mutex;                                   // guards creation, g_sets, g_preloads
@@ -71,18 +71,34 @@ std::array<std::atomic<uint32_t>, kMaxCommSets> g_region_masks{};  // bit a: reg
 
 static_assert(kAlgorithmCount <= 32, "g_region_masks holds one bit per algorithm");
 
-void ValidateGroups(const std::vector<std::vector<int>>& groups) {
+void ValidateGroups(const std::vector<GroupSpec>& groups) {
   if (groups.empty()) Fail("jax_llar: no replica groups given");
   const int n_dev = CudaDeviceCount();
   std::set<int> seen;
   for (const auto& g : groups) {
-    if (g.size() < 2 || g.size() > static_cast<size_t>(kMaxRanks)) {
+    if (g.world < 2 || g.world > kMaxRanks) {
       std::ostringstream m;
-      m << "jax_llar: a replica group has " << g.size()
-        << " devices; the fast path serves 2.." << kMaxRanks;
+      m << "jax_llar: a replica group has " << g.world
+        << " ranks; the fast path serves 2.." << kMaxRanks;
       Fail(m.str());
     }
-    for (int d : g) {
+    if (g.ranks.empty() || g.ranks.size() != g.ordinals.size()) {
+      Fail("jax_llar: a replica group needs as many ranks as CUDA ordinals, at least one");
+    }
+    for (size_t i = 0; i < g.ranks.size(); ++i) {
+      if (g.ranks[i] < 0 || g.ranks[i] >= g.world || (i > 0 && g.ranks[i] <= g.ranks[i - 1])) {
+        Fail("jax_llar: a replica group's ranks must ascend within 0.." +
+             std::to_string(g.world - 1));
+      }
+    }
+    if (g.unique_id.empty() ? static_cast<int>(g.ranks.size()) != g.world
+                            : g.unique_id.size() != sizeof(ncclUniqueId)) {
+      Fail(g.unique_id.empty()
+               ? "jax_llar: a replica group without an NCCL unique id must hold every rank"
+               : "jax_llar: an NCCL unique id has " + std::to_string(sizeof(ncclUniqueId)) +
+                     " bytes, not " + std::to_string(g.unique_id.size()));
+    }
+    for (int d : g.ordinals) {
       if (d < 0 || d >= n_dev || d >= kMaxOrdinals) {
         Fail("jax_llar: CUDA ordinal " + std::to_string(d) +
              " is not a visible device");
@@ -92,8 +108,9 @@ void ValidateGroups(const std::vector<std::vector<int>>& groups) {
              " appears in two replica groups");
       }
     }
-    for (int a : g) {
-      for (int b : g) {
+    // Peers in other processes are checked by NCCL (one LSA team, CreateGroup).
+    for (int a : g.ordinals) {
+      for (int b : g.ordinals) {
         if (a != b && !CanAccessPeer(a, b)) {
           Fail("jax_llar: devices " + std::to_string(a) + " and " +
                std::to_string(b) + " are not peer (load/store) accessible");
@@ -103,16 +120,31 @@ void ValidateGroups(const std::vector<std::vector<int>>& groups) {
   }
 }
 
-// Builds one group's communicators, device communicators and state; fills
-// `out` (one per rank). No scratch: EnsureRegion adds it per algorithm.
-void CreateGroup(const std::vector<int>& group, uint64_t timeout_ns,
+// Builds one group's communicators, device communicators and state for this
+// process's members; fills `out` (one per member, rank order). No scratch:
+// EnsureRegion adds it per algorithm.
+void CreateGroup(const GroupSpec& spec, uint64_t timeout_ns,
                  std::vector<std::unique_ptr<DeviceResources>>& out) {
-  const int n = static_cast<int>(group.size());
+  const std::vector<int>& group = spec.ordinals;
+  const int n = static_cast<int>(group.size());  // this process's members
+  const int world = spec.world;
   std::vector<std::unique_ptr<DeviceResources>> devs;
   for (int i = 0; i < n; ++i) devs.push_back(std::make_unique<DeviceResources>());
 
   std::vector<ncclComm_t> comms(n);
-  CheckNccl(ncclCommInitAll(comms.data(), n, group.data()), "ncclCommInitAll");
+  if (spec.unique_id.empty()) {
+    CheckNccl(ncclCommInitAll(comms.data(), n, group.data()), "ncclCommInitAll");
+  } else {
+    ncclUniqueId id;
+    std::memcpy(&id, spec.unique_id.data(), sizeof(id));
+    // Collective over the group's processes; grouped for several local ranks.
+    GroupedCalls("ncclCommInitRank", [&] {
+      for (int i = 0; i < n; ++i) {
+        CheckCuda(cudaSetDevice(group[i]), "cudaSetDevice");
+        CheckNccl(ncclCommInitRank(&comms[i], world, id, spec.ranks[i]), "ncclCommInitRank");
+      }
+    });
+  }
   for (int i = 0; i < n; ++i) devs[i]->comm = comms[i];
 
   for (int i = 0; i < n; ++i) {
@@ -146,19 +178,20 @@ void CreateGroup(const std::vector<int>& group, uint64_t timeout_ns,
 
   for (int i = 0; i < n; ++i) {
     DeviceResources& d = *devs[i];
-    if (d.dev_comm.rank != i || d.dev_comm.nRanks != n ||
-        d.dev_comm.lsaSize != n || d.dev_comm.lsaRank != i) {
+    const int rank = spec.ranks[i];
+    if (d.dev_comm.rank != rank || d.dev_comm.nRanks != world ||
+        d.dev_comm.lsaSize != world || d.dev_comm.lsaRank != rank) {
       std::ostringstream m;
-      m << "jax_llar: NCCL does not place all " << n
-        << " ranks in one load/store-accessible (LSA) team (rank " << i
+      m << "jax_llar: NCCL does not place all " << world
+        << " ranks in one load/store-accessible (LSA) team (rank " << rank
         << ": lsaRank " << d.dev_comm.lsaRank << ", lsaSize "
         << d.dev_comm.lsaSize << ")";
       Fail(m.str());
     }
     DeviceContext& c = d.context;
     c.ordinal = group[i];
-    c.rank = i;
-    c.world = n;
+    c.rank = rank;
+    c.world = world;
     // Every kernel now, while nothing of the set runs: a lazy module load
     // later could wait for running kernels that wait for their peers.
     CheckCuda(cudaSetDevice(group[i]), "cudaSetDevice");
@@ -195,10 +228,11 @@ struct SetupStream {
 // constraints as CreateRegion (streams of its own: ncclDevCommCreate
 // synchronises only a stream it creates).
 void CreateLLA2AComms(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
-                      int64_t algorithm, std::vector<std::unique_ptr<Region>>& regions) {
+                      int world, int64_t algorithm,
+                      std::vector<std::unique_ptr<Region>>& regions) {
   const AlgorithmEntry& entry = kAlgorithms[algorithm];
-  const int slots = entry.lla2a_slots(n);
-  const uint64_t bytes = RegionBytes(static_cast<Algorithm>(algorithm), n);
+  const int slots = entry.lla2a_slots(world);
+  const uint64_t bytes = RegionBytes(static_cast<Algorithm>(algorithm), world);
   std::vector<ncclDevResourceRequirements> buffers(n);
   std::vector<ncclDevCommRequirements> reqs(n);
   for (int i = 0; i < n; ++i) {
@@ -228,10 +262,11 @@ void CreateLLA2AComms(std::vector<std::unique_ptr<DeviceResources>>& all, size_t
   for (auto& r : regions) r->lla2a_comm_created = true;  // ReleaseUnpublished destroys them
   for (int i = 0; i < n; ++i) {
     Region& r = *regions[i];
-    if (r.lla2a.comm.rank != i || r.lla2a.comm.lsaSize != n || r.lla2a.comm.lsaRank != i ||
-        r.lla2a.handle.nSlots != static_cast<uint32_t>(slots)) {
+    const int rank = all[first + i]->context.rank;
+    if (r.lla2a.comm.rank != rank || r.lla2a.comm.lsaSize != world ||
+        r.lla2a.comm.lsaRank != rank || r.lla2a.handle.nSlots != static_cast<uint32_t>(slots)) {
       std::ostringstream m;
-      m << "jax_llar: the LL all-to-all device communicator of rank " << i << " of " << n
+      m << "jax_llar: the LL all-to-all device communicator of rank " << rank << " of " << world
         << " has rank " << r.lla2a.comm.rank << ", lsaRank " << r.lla2a.comm.lsaRank
         << ", lsaSize " << r.lla2a.comm.lsaSize << " and " << r.lla2a.handle.nSlots
         << " slots (expected " << slots << ")";
@@ -255,15 +290,22 @@ void CreateLLA2AComms(std::vector<std::unique_ptr<DeviceResources>>& all, size_t
 // set was created. An LL all-to-all algorithm's region holds NCCL's buffer
 // (CreateLLA2AComms) instead of a symmetric window of ours.
 void BuildRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
-                  int64_t algorithm, std::vector<std::unique_ptr<Region>>& regions);
+                  int world, int64_t algorithm, int group, const RegionAgreement* agree,
+                  std::vector<std::unique_ptr<Region>>& regions);
 void ReleaseUnpublished(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first,
                         std::vector<std::unique_ptr<Region>>& regions);
+void AllocateRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
+                     uint64_t bytes, const AlgorithmEntry& entry, bool lla2a,
+                     std::vector<std::unique_ptr<Region>>& regions);
+void FinishRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
+                   int world, int64_t algorithm, bool lla2a,
+                   std::vector<std::unique_ptr<Region>>& regions);
 
 void CreateRegion(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
-                  int64_t algorithm) {
+                  int world, int64_t algorithm, int group, const RegionAgreement* agree) {
   std::vector<std::unique_ptr<Region>> regions;
   try {
-    BuildRegions(all, first, n, algorithm, regions);
+    BuildRegions(all, first, n, world, algorithm, group, agree, regions);
   } catch (...) {
     ReleaseUnpublished(all, first, regions);
     throw;
@@ -276,14 +318,36 @@ void CreateRegion(std::vector<std::unique_ptr<DeviceResources>>& all, size_t fir
   }
 }
 
-// CreateRegion's work up to publication: fills `regions` (one per device of
-// the group, each pushed before its first allocation, so that a failure
-// leaves every allocation reachable for ReleaseUnpublished).
+// CreateRegion's work up to publication: fills `regions` (one per local
+// device of the group, `n` of the group's `world` ranks, each pushed before
+// its first allocation, so that a failure leaves every allocation reachable
+// for ReleaseUnpublished).
 void BuildRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
-                  int64_t algorithm, std::vector<std::unique_ptr<Region>>& regions) {
+                  int world, int64_t algorithm, int group, const RegionAgreement* agree,
+                  std::vector<std::unique_ptr<Region>>& regions) {
   const AlgorithmEntry& entry = kAlgorithms[algorithm];
-  const uint64_t bytes = RegionBytes(static_cast<Algorithm>(algorithm), n);
+  const uint64_t bytes = RegionBytes(static_cast<Algorithm>(algorithm), world);
   const bool lla2a = entry.lla2a_slots != nullptr;  // NCCL's buffer, no scratch of ours
+  std::string local_error;
+  try {
+    AllocateRegions(all, first, n, bytes, entry, lla2a, regions);
+  } catch (const std::exception& e) {
+    local_error = e.what();
+  }
+  // Every process of the group learns whether every process allocated
+  // before any enters the collective calls below.
+  if (agree != nullptr && !(*agree)(group, local_error) && local_error.empty()) {
+    Fail(std::string("jax_llar: another process of the group could not allocate its ") +
+         entry.name + " region (its error is in that process's log)");
+  }
+  if (!local_error.empty()) Fail(local_error);
+  FinishRegions(all, first, n, world, algorithm, lla2a, regions);
+}
+
+// BuildRegions' local allocations (scratch, peer table) on each local device.
+void AllocateRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
+                     uint64_t bytes, const AlgorithmEntry& entry, bool lla2a,
+                     std::vector<std::unique_ptr<Region>>& regions) {
   for (int i = 0; i < n; ++i) {
     DeviceResources& d = *all[first + i];
     regions.push_back(std::make_unique<Region>());
@@ -299,8 +363,16 @@ void BuildRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t fir
     CheckCuda(cudaMalloc(&r->peers, sizeof(PeerTable)), "cudaMalloc(peer table)");
     CheckCuda(cudaStreamSynchronize(setup.stream), "cudaStreamSynchronize");
   }
+}
+
+// BuildRegions after the agreement: the collective registration (a window,
+// or NCCL's LL all-to-all buffer) and each local device's peer table.
+void FinishRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
+                   int world, int64_t algorithm, bool lla2a,
+                   std::vector<std::unique_ptr<Region>>& regions) {
+  const uint64_t bytes = RegionBytes(static_cast<Algorithm>(algorithm), world);
   if (lla2a) {
-    CreateLLA2AComms(all, first, n, algorithm, regions);
+    CreateLLA2AComms(all, first, n, world, algorithm, regions);
   } else {
     // Window registration is collective over the group: grouped, as above.
     GroupedCalls("ncclCommWindowRegister", [&] {
@@ -321,8 +393,9 @@ void BuildRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t fir
       table.nccl_lla2a = r.lla2a_device;
     } else {
       void* peers[kMaxRanks] = {};
-      CheckCuda(ReadLsaPointers(r.window, n, peers, setup.stream), "reading LSA peer pointers");
-      for (int p = 0; p < n; ++p) table.scratch[p] = static_cast<char*>(peers[p]);
+      CheckCuda(ReadLsaPointers(r.window, world, peers, setup.stream),
+                "reading LSA peer pointers");
+      for (int p = 0; p < world; ++p) table.scratch[p] = static_cast<char*>(peers[p]);
     }
     table.error_claim = reinterpret_cast<int32_t*>(d.state + kClaimWord);
     CheckCuda(cudaHostGetDevicePointer(reinterpret_cast<void**>(&table.error), d.error, 0),
@@ -335,7 +408,7 @@ void BuildRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t fir
     r.args.epochs = d.state + EpochSetOffset(static_cast<Algorithm>(algorithm));
     r.args.peers = r.peers;
     r.args.rank = static_cast<uint8_t>(d.context.rank);
-    r.args.world = static_cast<uint8_t>(n);
+    r.args.world = static_cast<uint8_t>(world);
   }
 }
 
@@ -397,6 +470,24 @@ void RunPreloadsBestEffort(const CommSet& set,
 
 int CreateCommSet(const std::vector<std::vector<int>>& groups,
                   uint64_t timeout_ns) {
+  std::vector<GroupSpec> specs;
+  for (const auto& g : groups) {
+    GroupSpec spec;
+    spec.world = static_cast<int>(g.size());
+    spec.ordinals = g;
+    for (int r = 0; r < spec.world; ++r) spec.ranks.push_back(r);
+    specs.push_back(std::move(spec));
+  }
+  return CreateCommSetOfRanks(specs, timeout_ns);
+}
+
+std::string NcclUniqueId() {
+  ncclUniqueId id;
+  CheckNccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
+}
+
+int CreateCommSetOfRanks(const std::vector<GroupSpec>& groups, uint64_t timeout_ns) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_sets.size() >= static_cast<size_t>(kMaxCommSets)) {
     Fail("jax_llar: too many communicator sets (" + std::to_string(kMaxCommSets) + ")");
@@ -426,7 +517,7 @@ const DeviceContext* Lookup(int64_t comm_id, int32_t ordinal) {
   return g_table[comm_id][ordinal].load(std::memory_order_acquire);
 }
 
-void EnsureRegion(int64_t comm_id, int64_t algorithm) {
+void EnsureRegion(int64_t comm_id, int64_t algorithm, const RegionAgreement* agree) {
   if (FindAlgorithm(algorithm) == nullptr) {
     Fail("jax_llar: unknown algorithm " + std::to_string(algorithm));
   }
@@ -437,12 +528,14 @@ void EnsureRegion(int64_t comm_id, int64_t algorithm) {
   CommSet& set = *g_sets[comm_id];
   DeviceGuard guard;
   size_t first = 0;
-  for (const auto& g : set.groups) {
+  for (size_t gi = 0; gi < set.groups.size(); ++gi) {
+    const GroupSpec& g = set.groups[gi];
     // Groups are created whole, so the first device tells for the group.
+    const int n = static_cast<int>(g.ordinals.size());
     if (!set.devices[first]->regions[algorithm]) {
-      CreateRegion(set.devices, first, static_cast<int>(g.size()), algorithm);
+      CreateRegion(set.devices, first, n, g.world, algorithm, static_cast<int>(gi), agree);
     }
-    first += g.size();
+    first += n;
   }
   g_region_masks[comm_id].fetch_or(uint32_t(1) << algorithm, std::memory_order_release);
 }
@@ -474,14 +567,18 @@ std::vector<int64_t> RegionsOf(int64_t comm_id) {
   return out;
 }
 
-int64_t KeyOfGroups(const std::vector<std::vector<int>>& groups) {
+int64_t KeyOfGroups(const std::vector<GroupSpec>& groups) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](uint64_t v) {
     h ^= v;
     h *= 1099511628211ull;
   };
   for (const auto& g : groups) {
-    for (int d : g) mix(static_cast<uint64_t>(d) + 1);
+    mix(0x10000ull + static_cast<uint64_t>(g.world));
+    for (size_t i = 0; i < g.ordinals.size(); ++i) {
+      mix(0x20000ull + static_cast<uint64_t>(g.ranks[i]));
+      mix(static_cast<uint64_t>(g.ordinals[i]) + 1);
+    }
     mix(0xffffull);  // group separator
   }
   return static_cast<int64_t>(h & 0x7fffffffffffffffull);
@@ -513,7 +610,7 @@ std::vector<std::vector<Member>> MembersOf(int64_t comm_id) {
   size_t next = 0;  // set.devices holds the groups' devices in order
   for (const auto& g : set.groups) {
     std::vector<Member> members;
-    for (size_t i = 0; i < g.size(); ++i, ++next) {
+    for (size_t i = 0; i < g.ordinals.size(); ++i, ++next) {
       const DeviceResources& d = *set.devices[next];
       std::vector<MemberRegion> regions(kAlgorithmCount);
       for (int64_t a = 1; a < kAlgorithmCount; ++a) {

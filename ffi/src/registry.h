@@ -18,6 +18,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "api.h"
@@ -59,6 +61,34 @@ struct DeviceContext {
 LLAR_API int CreateCommSet(const std::vector<std::vector<int>>& groups,
                            uint64_t timeout_ns);
 
+// One replica group of a communicator set as one process sees it: the
+// group's number of ranks, this process's members of it (their ranks,
+// ascending, and local CUDA ordinals) and, when the group spans processes,
+// NCCL's unique id for it (the 128 bytes of ncclGetUniqueId, made by the
+// process holding rank 0 and handed to the others by the caller). An empty
+// unique id means this process holds every rank (ncclCommInitAll).
+struct GroupSpec {
+  int world = 0;
+  std::vector<int> ranks;
+  std::vector<int> ordinals;
+  std::string unique_id;
+};
+
+// CreateCommSet for groups that may span processes (one process per GPU,
+// jax.distributed): every process of a group calls it with its own members
+// and the group's unique id, at about the same time (ncclCommInitRank and
+// ncclDevCommCreate are collective over the group; NCCL waits for the
+// others). Regions (EnsureRegion) are then collective over the processes
+// too: each must call EnsureRegion for the same algorithms in the same
+// order. Throws std::runtime_error on any failure, including NCCL placing
+// the ranks in more than one load/store-accessible (LSA) team (ranks on
+// different nodes, or GPUs that are not NVLink peers).
+LLAR_API int CreateCommSetOfRanks(const std::vector<GroupSpec>& groups, uint64_t timeout_ns);
+
+// A fresh NCCL unique id (ncclGetUniqueId), 128 bytes. Throws
+// std::runtime_error when NCCL fails.
+LLAR_API std::string NcclUniqueId();
+
 // Allocates `algorithm`'s scratch region (RegionBytes bytes, filled with the
 // entry's fill byte) on every device of `comm_id`, registers it as a
 // symmetric NCCL window (collective over each group), reads the peer
@@ -67,7 +97,20 @@ LLAR_API int CreateCommSet(const std::vector<std::vector<int>>& groups,
 // programs of the set run (nothing they use changes). Throws
 // std::runtime_error for an unknown set or algorithm or a CUDA/NCCL failure
 // (then the region stays absent and a later call tries again).
-LLAR_API void EnsureRegion(int64_t comm_id, int64_t algorithm);
+//
+// For groups that span processes, `agree` (may be null) is called once per
+// group whose region is created, after this process's local allocations and
+// before the collective window registration, with the group's index in the
+// set (the order of CreateCommSetOfRanks' groups) and this process's
+// allocation error ("" when none); it must tell every process of the group the same
+// outcome (jax_llar.distributed: through the key-value store) and return true
+// only when every process allocated. On false (or a local error) the
+// allocations are freed and EnsureRegion throws, in every process alike,
+// before any of them enters the collective call that the others would never
+// join.
+using RegionAgreement = std::function<bool(int group, const std::string& local_error)>;
+LLAR_API void EnsureRegion(int64_t comm_id, int64_t algorithm,
+                           const RegionAgreement* agree = nullptr);
 
 // True when every device of `comm_id` holds `algorithm`'s region. Lock-free
 // (the FFI instantiate stage calls it, and KeyOf; neither may wait for a
@@ -81,12 +124,13 @@ inline const AllReduceArgs* ArgsOf(const DeviceContext* ctx, int64_t algorithm) 
   return ctx->args[algorithm].load(std::memory_order_acquire);
 }
 
-// A 63-bit fingerprint of the set's groups (FNV-1a over the ordinals). The
-// lowering passes it with the id, so an executable built in another process
-// (where the same id may name other devices) fails at instantiation instead
-// of pairing the wrong devices. 0 when the id is unknown.
+// A 63-bit fingerprint of the set's groups (FNV-1a over each group's
+// number of ranks and this process's ranks and ordinals). The lowering
+// passes it with the id, so an executable built in another process (where
+// the same id may name other devices or ranks) fails at instantiation
+// instead of pairing the wrong devices. 0 when the id is unknown.
 LLAR_API int64_t KeyOf(int64_t comm_id);
-LLAR_API int64_t KeyOfGroups(const std::vector<std::vector<int>>& groups);
+LLAR_API int64_t KeyOfGroups(const std::vector<GroupSpec>& groups);
 
 // Lock-free lookup used by the execute handler; nullptr when absent.
 LLAR_API const DeviceContext* Lookup(int64_t comm_id, int32_t ordinal);
