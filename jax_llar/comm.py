@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 from jax_llar import _ext
 from jax_llar.algorithms import Algorithm
@@ -47,6 +47,10 @@ class CommSet:
   key: int
   groups: tuple[tuple[int, ...], ...]
   world_size: int
+  # For a set spanning processes (get_or_create_spanning): algorithm ->
+  # the native ensure_region's ``agree`` callable; None for one process.
+  agreement: Callable[[Algorithm], Callable[[int, str], bool]] | None = dataclasses.field(
+      default=None, compare=False, repr=False)
 
   def ensure(self, algorithm: Algorithm) -> None:
     """Allocates `algorithm`'s scratch region on every device of the set,
@@ -69,7 +73,10 @@ class CommSet:
       if int(algorithm) in self._regions():
         return
       try:
-        mod.ensure_region(self.comm_id, int(algorithm))
+        if self.agreement is None:
+          mod.ensure_region(self.comm_id, int(algorithm))
+        else:  # collective over processes: agree before registering
+          mod.ensure_region(self.comm_id, int(algorithm), self.agreement(algorithm))
       except RuntimeError as e:
         _region_failures[(self.comm_id, int(algorithm))] = str(e)
         raise CommError(str(e)) from None
@@ -128,6 +135,65 @@ def get_or_create(groups: Sequence[Sequence[int]]) -> CommSet:
       raise err from None
     cs = CommSet(comm_id=comm_id, key=int(mod.comm_key(comm_id)), groups=key,
                  world_size=len(key[0]))
+    _sets[key] = cs
+    return cs
+
+
+def get_or_create_spanning(groups: Sequence[Sequence[tuple[int, int]]],
+                           architecture: str | None) -> CommSet:
+  """`get_or_create` for groups that may span processes (one process per
+  GPU, jax.distributed): each group a list of (process index, CUDA ordinal
+  in that process) in rank order; every process of the groups must call it
+  for the same groups (SPMD lowering does). The method, and what the
+  processes agree on through the jax.distributed key-value store:
+  `jax_llar.distributed`. The set's `CommSet.groups` are this process's
+  ordinals of the groups it belongs to.
+
+  Raises:
+    CommError: jax.distributed is not initialised, the processes run on
+      different nodes or with different decision inputs, a process did not
+      arrive within the bootstrap timeout, or NCCL/CUDA refused in some
+      process. Remembered, like `get_or_create`'s.
+  """
+  from jax_llar import distributed  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  key = ("spanning",) + tuple(tuple((int(p), int(d)) for p, d in g) for g in groups)
+  with _lock:
+    hit = _sets.get(key)
+    if isinstance(hit, CommError):
+      raise CommError(str(hit))
+    if hit is not None:
+      return hit
+    mod = _ext.load()
+    if mod is None:
+      raise CommError(_ext.reason() or "extension unavailable")
+    kv = distributed.store()
+    if kv is None:
+      err = CommError("the replica groups span processes and jax.distributed is not "
+                      "initialised (jax.distributed.initialize): its key-value store "
+                      "carries the NCCL unique ids")
+      _sets[key] = err
+      raise err
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # as in get_or_create
+    me = jax.process_index()
+    world = len(groups[0])
+    try:
+      comm_id, order = distributed.create(
+          mod, kv, groups, me, distributed.decision_record(world, architecture),
+          int(settings.timeout_ms) * 1_000_000)
+    except distributed.SpanError as e:
+      err = CommError(str(e))
+      _sets[key] = err
+      raise err from None
+    skey = distributed.set_key(groups)
+    members = [sorted({p for p, _ in g}) for g in groups]
+
+    def agreement(algorithm: Algorithm):
+      return distributed.region_agreement(kv, skey, int(algorithm), members, order, me)
+
+    local = tuple(tuple(d for p, d in groups[gi] if p == me) for gi in order)
+    cs = CommSet(comm_id=comm_id, key=int(mod.comm_key(comm_id)), groups=local,
+                 world_size=world, agreement=agreement)
     _sets[key] = cs
     return cs
 

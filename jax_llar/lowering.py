@@ -61,7 +61,7 @@ from jax._src.lax import parallel as lax_parallel
 from jax._src.lib.mlir import ir
 from jax._src.sharding_impls import SPMDAxisContext
 
-from jax_llar import _ext, comm, log, policy, signature, swap, tuning
+from jax_llar import _ext, comm, distributed, log, policy, signature, swap, tuning
 from jax_llar.algorithms import MAX_BYTES
 from jax_llar.config import settings
 
@@ -127,13 +127,31 @@ def _refused_by_environment(groups, platform: str,
   if others:
     return ("platform", f"the mesh holds non-GPU devices ({', '.join(others)}): "
             "the fast path is CUDA-only")
-  if jax.process_count() > 1 or any(
-      d.process_index != jax.process_index() for d in devices):
-    return ("multiprocess", "groups spanning several processes are not served "
-            "yet (one process must drive all GPUs of the group)")
+  if _spans_processes(devices) and distributed.store() is None:
+    return ("multiprocess", "the replica groups span processes and "
+            "jax.distributed is not initialised: call jax.distributed.initialize "
+            "(its key-value store carries the communicators' ids)")
   if _ext.load() is None:
     return "extension", _ext.reason() or "extension unavailable"
   return None
+
+
+def _spans_processes(devices) -> bool:
+  """Whether the psum's devices belong to more than one process (or the
+  program runs in several): then every process takes part in the set's
+  creation (`comm.get_or_create_spanning`)."""
+  return jax.process_count() > 1 or any(
+      d.process_index != jax.process_index() for d in devices)
+
+
+def _comm_set(groups) -> comm.CommSet:
+  """The communicator set of `groups` (lists of jax devices, rank order)."""
+  devices = [d for g in groups for d in g]
+  if _spans_processes(devices):
+    return comm.get_or_create_spanning(
+        [[(d.process_index, d.local_hardware_id) for d in g] for g in groups],
+        tuning.architecture_of(devices[0]))
+  return comm.get_or_create([[d.local_hardware_id for d in g] for g in groups])
 
 
 def _automatic_axes(axis_ctx) -> list[str]:
@@ -166,7 +184,7 @@ def _refused_for_clusters(groups) -> tuple[str, str] | None:
 def _on_nvlink_gpus(candidate, op: str = "psum") -> str:
   what = (candidate.short_name if op == "psum"
           else f"the fused {candidate.short_name} + add + RMSNorm kernel")
-  return (f"; on CUDA GPUs that are NVLink peers, driven by one process, this "
+  return (f"; on CUDA GPUs that are NVLink peers on one node, this "
           f"{op} would run {what}")
 
 
@@ -283,7 +301,7 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
     refusal = _refused_for_clusters(groups)
   if refusal is None:
     try:
-      cs = comm.get_or_create([[d.local_hardware_id for d in g] for g in groups])
+      cs = _comm_set(groups)
       # The fused op runs on the one-shot's exchange, so on its region.
       cs.ensure(candidate)
     except comm.CommError as e:

@@ -164,7 +164,7 @@ export OUT PY LOOPBACK_SIZES LOOPBACK_ARGS="${LOOPBACK_ARGS:-}" \
 for s in "${stages[@]}"; do
   case $s in
     build) run_stage build $PY -m pip install --no-build-isolation --no-deps -v -e . || break ;;
-    tests) JAX_LLAR_TEST_GPU=1 run_stage tests $PY -m pytest -q -rs -p no:cacheprovider ${TEST_ARGS:-} tests/gpu ;;
+    tests) JAX_LLAR_TEST_GPU=1 JAX_LLAR_MULTIPROCESS_OUT="$OUT" run_stage tests $PY -m pytest -q -rs -p no:cacheprovider ${TEST_ARGS:-} tests/gpu ;;
     gpu1) JAX_LLAR_TEST_GPU=1 run_stage gpu1 $PY -m pytest -q -rs -p no:cacheprovider ${GPU1_ARGS:-} ${GPU1_TESTS:-tests/gpu1} ;;
     graph) run_stage graph $PY -m jax_llar.tools.graphcheck --timeline_copy --out /tmp/llar_graphcheck ${GRAPH_ARGS:-} ;;
     kbench) run_stage kbench $PY -m jax_llar.tools.bench --level kernel --out "$OUT" ${KBENCH_ARGS:-} ;;

@@ -479,10 +479,12 @@ def test_f9_identical_rows_in_tensors_on_both_sides_of_the_threshold():
 # --- F10: process modes ----------------------------------------------------------------
 
 
-def test_f10_groups_spanning_processes_refused_with_one_warning(fake_ext, monkeypatch,
-                                                                 caplog):
-  """A group holding another process's devices, or several processes: reason
-  "multiprocess", one WARNING for many lowerings, no communicator."""
+def test_f10_groups_spanning_processes_without_jax_distributed_refused_once(
+    fake_ext, monkeypatch, caplog):
+  """A group holding another process's devices, or several processes, and
+  no jax.distributed key-value store: reason "multiprocess", one WARNING
+  for many lowerings, no communicator. (With jax.distributed:
+  tests/test_distributed.py.)"""
   caplog.set_level(logging.INFO, logger="jax_llar")
   for _ in range(5):
     d = lowering.decide(gpu_ctx((2,), ("x",), process_index=1), _aval((8,)),
@@ -492,7 +494,7 @@ def test_f10_groups_spanning_processes_refused_with_one_warning(fake_ext, monkey
   for _ in range(5):
     d = lowering.decide(gpu_ctx((2,), ("x",)), _aval((8,)), ("x",), platform="cuda")
     assert d.reason == "multiprocess"
-  warned = [r for r in caplog.records if "several processes" in r.getMessage()]
+  warned = [r for r in caplog.records if "jax.distributed is not initialised" in r.getMessage()]
   assert len(warned) == 1 and warned[0].levelno == logging.WARNING
   assert fake_ext.created == [] and fake_ext.region_calls == 0
 

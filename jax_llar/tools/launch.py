@@ -1,0 +1,129 @@
+"""One process per GPU on one node: start N copies of a Python program under
+jax.distributed.
+
+  python -m jax_llar.tools.launch --nproc 2 [--grace_s 30] -- script.py [args...]
+
+Starts `--nproc` processes of ``python script.py args...``; process i gets
+GPU i (``JAX_LOCAL_DEVICE_IDS=i``), the coordinator address of a free local
+port (``JAX_COORDINATOR_ADDRESS``, which jax.distributed reads) and its
+index and the count (``JAX_LLAR_PROCESS_ID``, ``JAX_LLAR_NUM_PROCESSES``).
+The program calls `initialize` (or ``jax.distributed.initialize`` with those
+values) before anything else of JAX. Each output line is prefixed with
+``[i]``. When a process fails, the others get --grace_s seconds to end (in
+jax_llar's bounded-wait error, if they were waiting for it) and are then
+killed. Exit status: 0 when every process exited with 0, else the first
+failing process's status (a signal N as 128 + N).
+
+Under SLURM, Open MPI or another launcher that jax.distributed.initialize
+detects, no launcher of ours is needed: call jax.distributed.initialize()
+with one local device per process (README: "One process per GPU").
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from absl import app, flags
+
+NPROC = flags.DEFINE_integer("nproc", 2, "Processes to start, one GPU each.", lower_bound=1)
+GRACE_S = flags.DEFINE_float("grace_s", 30.0, "Seconds the other processes may run "
+                             "on after one failed, before they are killed.", lower_bound=0)
+
+ENV_PROCESS_ID = "JAX_LLAR_PROCESS_ID"
+ENV_NUM_PROCESSES = "JAX_LLAR_NUM_PROCESSES"
+
+
+def initialize() -> None:
+  """``jax.distributed.initialize`` for a process started by this launcher
+  (reads ``JAX_LLAR_PROCESS_ID`` and ``JAX_LLAR_NUM_PROCESSES``; JAX reads
+  ``JAX_COORDINATOR_ADDRESS`` and ``JAX_LOCAL_DEVICE_IDS`` itself).
+
+  Raises:
+    RuntimeError: the variables are not set (not started by the launcher).
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    pid, n = int(os.environ[ENV_PROCESS_ID]), int(os.environ[ENV_NUM_PROCESSES])
+  except (KeyError, ValueError):
+    raise RuntimeError(f"{ENV_PROCESS_ID} and {ENV_NUM_PROCESSES} are not set: start "
+                       "this program with python -m jax_llar.tools.launch") from None
+  jax.distributed.initialize(num_processes=n, process_id=pid)
+
+
+def free_port() -> int:
+  """A TCP port that was free on 127.0.0.1 a moment ago."""
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _pump(i: int, stream, out) -> None:
+  for line in iter(stream.readline, ""):
+    out.write(f"[{i}] {line}")
+    out.flush()
+
+
+def launch(nproc: int, argv: list[str], grace_s: float = 30.0,
+           env: dict[str, str] | None = None) -> int:
+  """Runs `nproc` processes of ``python argv...`` (see the module
+  docstring); returns the exit status.
+
+  Args:
+    nproc: processes, one GPU each (2 or more).
+    argv: the script and its arguments.
+    grace_s: seconds the others may run on after a process failed.
+    env: extra environment variables for every process.
+  """
+  if nproc < 1 or not argv:
+    raise ValueError("launch needs --nproc >= 1 and a program")
+  addr = f"127.0.0.1:{free_port()}"
+  procs = []
+  for i in range(nproc):
+    e = dict(os.environ, **(env or {}))
+    e.update({"JAX_COORDINATOR_ADDRESS": addr, "JAX_LOCAL_DEVICE_IDS": str(i),
+              ENV_PROCESS_ID: str(i), ENV_NUM_PROCESSES: str(nproc),
+              "PYTHONUNBUFFERED": "1"})
+    p = subprocess.Popen([sys.executable, *argv], env=e, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    threading.Thread(target=_pump, args=(i, p.stdout, sys.stdout), daemon=True).start()
+    procs.append(p)
+  first_failure, failed_at = None, None
+  while any(p.poll() is None for p in procs):
+    for i, p in enumerate(procs):
+      rc = p.poll()
+      if rc not in (None, 0) and first_failure is None:
+        first_failure, failed_at = (i, rc), time.monotonic()
+        print(f"[launch] process {i} exited with {rc}; the others have {grace_s:g} s",
+              flush=True)
+    if failed_at is not None and time.monotonic() - failed_at > grace_s:
+      for i, p in enumerate(procs):
+        if p.poll() is None:
+          print(f"[launch] killing process {i}", flush=True)
+          p.kill()
+    time.sleep(0.05)
+  for p in procs:
+    p.wait()
+  if first_failure is None:
+    bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
+    first_failure = bad[0] if bad else None
+  if first_failure is None:
+    return 0
+  rc = first_failure[1]
+  return 128 - rc if rc < 0 else rc
+
+
+def main(argv: list[str]) -> int:
+  """absl main: argv[1:] is the program and its arguments (after ``--``)."""
+  if len(argv) < 2:
+    print("jax_llar.tools.launch: no program given; usage:\n" + __doc__, file=sys.stderr)
+    return 2
+  return launch(NPROC.value, argv[1:], GRACE_S.value)
+
+
+if __name__ == "__main__":
+  app.run(lambda argv: sys.exit(main(argv)))

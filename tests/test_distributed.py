@@ -1,0 +1,278 @@
+"""Groups spanning processes (jax_llar.distributed, issue 13), on CPU.
+
+The protocol runs here with one thread per simulated process, an in-memory
+key-value store with jax.distributed's two calls, and a fake native module;
+the real two-process run on GPUs is tests/gpu/test_multiprocess.py. F10
+(process modes) is named in the tests that cover it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import jax
+import numpy as np
+import pytest
+from jax._src.sharding_impls import SPMDAxisContext
+from jax.sharding import Mesh
+
+from jax_llar import _ext, comm, distributed, lowering
+from jax_llar.algorithms import Algorithm
+from jax_llar.config import settings
+
+ONE_SHOT_LL = Algorithm.ONE_SHOT_LL
+
+
+class Store:
+  """jax.distributed's key_value_set / blocking_key_value_get, in memory."""
+
+  def __init__(self):
+    self.values = {}
+    self.cond = threading.Condition()
+
+  def key_value_set(self, key, value):
+    with self.cond:
+      if key in self.values:
+        raise RuntimeError(f"ALREADY_EXISTS: {key}")  # as the real store
+      self.values[key] = value
+      self.cond.notify_all()
+
+  def blocking_key_value_get(self, key, timeout_in_ms):
+    with self.cond:
+      if not self.cond.wait_for(lambda: key in self.values, timeout_in_ms / 1000):
+        raise TimeoutError(f"DEADLINE_EXCEEDED: {key}")
+      return self.values[key]
+
+
+class Native:
+  """What distributed.create calls of jax_llar._llar, for one process."""
+
+  def __init__(self, fail=None):
+    self.fail = fail
+    self.specs = None
+
+  def nccl_unique_id(self):
+    return os.urandom(128)
+
+  def create_comm_set_of_ranks(self, specs, timeout_ns):
+    assert timeout_ns > 0
+    if self.fail:
+      raise RuntimeError(self.fail)
+    self.specs = specs
+    return 3
+
+
+def _record(host="node-a", **inputs):
+  base = {"max_bytes": 1 << 20, "algorithm": "auto"}
+  base.update(inputs)
+  return {"host": host, "inputs": base}
+
+
+def _run(groups, records, natives, timeout_ms=5000):
+  """distributed.create in one thread per process; {process: result or
+  exception}."""
+  kv, out = Store(), {}
+
+  def one(me):
+    try:
+      out[me] = distributed.create(natives[me], kv, groups, me, records[me], 1000,
+                                   timeout_ms=timeout_ms)
+    except distributed.SpanError as e:
+      out[me] = e
+
+  threads = [threading.Thread(target=one, args=(p,)) for p in records]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(60)
+  return out, kv
+
+
+def test_f10_one_gpu_per_process_shares_one_nccl_unique_id():
+  groups = [[(0, 0), (1, 0)]]
+  natives = {0: Native(), 1: Native()}
+  out, _ = _run(groups, {0: _record(), 1: _record()}, natives)
+  assert out == {0: (3, [0]), 1: (3, [0])}
+  (w0, r0, o0, u0), = natives[0].specs
+  (w1, r1, o1, u1), = natives[1].specs
+  assert (w0, r0, o0, w1, r1, o1) == (2, [0], [0], 2, [1], [0])
+  assert len(u0) == 128 and u0 == u1
+
+
+def test_f10_two_processes_of_two_gpus_cross_and_local_groups():
+  # A 2 x 2 mesh, processes on the first axis: the second axis' groups are
+  # inside one process (ncclCommInitAll), the first axis' span both.
+  cross = [[(0, 0), (1, 0)], [(0, 1), (1, 1)]]
+  natives = {0: Native(), 1: Native()}
+  out, _ = _run(cross, {0: _record(), 1: _record()}, natives)
+  assert out == {0: (3, [0, 1]), 1: (3, [0, 1])}
+  assert [s[1:3] for s in natives[1].specs] == [([1], [0]), ([1], [1])]
+  assert [s[3] for s in natives[0].specs] == [s[3] for s in natives[1].specs]
+  assert natives[0].specs[0][3] != natives[0].specs[1][3]  # one id per group
+  local = [[(0, 0), (0, 1)], [(1, 0), (1, 1)]]
+  natives = {0: Native(), 1: Native()}
+  out, _ = _run(local, {0: _record(), 1: _record()}, natives)
+  assert out == {0: (3, [0]), 1: (3, [1])}
+  assert natives[1].specs == [(2, [0, 1], [0, 1], b"")]
+
+
+def test_f10_groups_across_nodes_are_refused_alike_in_every_process():
+  out, kv = _run([[(0, 0), (1, 0)]], {0: _record("node-a"), 1: _record("node-b")},
+                 {0: Native(), 1: Native()})
+  assert all(isinstance(e, distributed.SpanError) for e in out.values())
+  assert str(out[0]) == str(out[1]) and "spans 2 nodes" in str(out[0])
+  assert not any("/uid/" in k for k in kv.values)  # no communicator was started
+
+
+def test_f10_different_decision_inputs_are_refused_alike_naming_them():
+  out, _ = _run([[(0, 0), (1, 0)]], {0: _record(max_bytes=1024), 1: _record()},
+                {0: Native(), 1: Native()})
+  assert str(out[0]) == str(out[1])
+  assert "decision inputs differ (max_bytes" in str(out[0])
+
+
+def test_f10_a_creation_failure_anywhere_is_refused_everywhere():
+  out, _ = _run([[(0, 0), (1, 0)]], {0: _record(), 1: _record()},
+                {0: Native(), 1: Native(fail="ncclCommInitRank: unhandled system error")})
+  assert str(out[0]) == str(out[1])
+  assert "failed in process 1: ncclCommInitRank" in str(out[0])
+
+
+def test_f10_a_process_that_never_arrives_ends_in_an_error_not_a_hang():
+  kv = Store()
+  with pytest.raises(distributed.SpanError, match="process 1 did not post"):
+    distributed.create(Native(), kv, [[(0, 0), (1, 0)]], 0, _record(), 1000,
+                       timeout_ms=200)
+
+
+def test_region_agreement_all_or_none():
+  kv = Store()
+  members, order = [[0, 1]], [0]
+
+  def both(errors, key):
+    got = {}
+
+    def one(me):
+      agree = distributed.region_agreement(kv, key, 1, members, order, me,
+                                           timeout_ms=5000)
+      got[me] = agree(0, errors[me])
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in (0, 1)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(60)
+    return got
+
+  assert both({0: "", 1: ""}, "a") == {0: True, 1: True}
+  assert both({0: "", 1: "cudaMalloc: out of memory"}, "b") == {0: False, 1: False}
+  # A peer that never posts: False after the timeout, never an exception.
+  agree = distributed.region_agreement(Store(), "k", 1, members, order, 0, timeout_ms=100)
+  assert agree(0, "") is False
+
+
+def test_decision_inputs_follow_the_settings(monkeypatch):
+  a = distributed.decision_inputs(2, None)
+  monkeypatch.setattr(settings, "max_bytes", settings.max_bytes // 2)
+  b = distributed.decision_inputs(2, None)
+  assert a != b and {k for k in a if a[k] != b[k]} == {"max_bytes"}
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT")
+  assert distributed.decision_inputs(2, None)["concurrent_flag"] is True
+  assert "/" in distributed.host_identity()
+
+
+# --- the lowering with jax.distributed -------------------------------------------------
+
+
+class FakeGpu:
+  platform = "gpu"
+
+  def __init__(self, i, process_index):
+    self.id = i
+    self.local_hardware_id = i // 2
+    self.process_index = process_index
+    self.compute_capability = "9.0"
+
+
+class FakeExt:
+  ALGORITHMS = {"one_shot_ll": 1}
+
+  def __init__(self):
+    self.agrees = []
+
+  def comm_key(self, comm_id):
+    return 77
+
+  def ensure_region(self, comm_id, algorithm, agree=None):
+    self.agrees.append((comm_id, algorithm, agree))
+
+  def regions(self, comm_id):
+    return []
+
+  def nccl_runtime_version(self):
+    return 22809
+
+  def error_reports(self):
+    return []
+
+
+def test_f10_lowering_spanning_processes_bootstraps_through_the_store(monkeypatch, caplog):
+  """With jax.distributed, a psum whose group holds another process's GPU
+  takes the fast path through get_or_create_spanning, and its region is
+  agreed across the processes."""
+  ext = FakeExt()
+  monkeypatch.setattr(_ext, "_loaded", True)
+  monkeypatch.setattr(_ext, "_module", ext)
+  monkeypatch.setattr(_ext, "_reason", None)
+  monkeypatch.setattr(comm, "_sets", {})
+  monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+  monkeypatch.setattr(distributed, "store", lambda: Store())
+  seen = {}
+
+  def create(mod, kv, groups, me, record, timeout_ns, timeout_ms=None):
+    seen.update(groups=groups, me=me, record=record)
+    return 9, [0]
+
+  monkeypatch.setattr(distributed, "create", create)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  devices = np.array([FakeGpu(0, 0), FakeGpu(1, 1)])
+  ctx = SPMDAxisContext(Mesh(devices, ("x",)))
+  aval = jax.core.ShapedArray((256,), np.float32)
+  d = lowering.decide(ctx, aval, ("x",), platform="cuda")
+  assert (d.reason, d.algorithm, d.comm_id, d.comm_key) == ("fast_path", ONE_SHOT_LL, 9, 77)
+  assert seen["groups"] == [[(0, 0), (1, 0)]] and seen["me"] == 0
+  assert seen["record"]["inputs"]["max_bytes"] == settings.max_bytes
+  (cid, alg, agree), = ext.agrees
+  assert (cid, alg) == (9, int(ONE_SHOT_LL)) and callable(agree)
+  # Without jax.distributed: refused, once, saying what to call.
+  monkeypatch.setattr(distributed, "store", lambda: None)
+  monkeypatch.setattr(comm, "_sets", {})
+  caplog.set_level(logging.INFO, logger="jax_llar")
+  d = lowering.decide(ctx, aval, ("x",), platform="cuda")
+  assert d.reason == "multiprocess" and "jax.distributed.initialize" in d.detail
+
+
+def test_f10_two_cpu_processes_bootstrap_through_jax_distributed():
+  """The protocol through the real jax.distributed key-value store: two CPU
+  processes started by the launcher (tests/distributed_child.py)."""
+  import json
+  import pathlib
+  import subprocess
+  import sys
+  child = pathlib.Path(__file__).parent / "distributed_child.py"
+  r = subprocess.run([sys.executable, "-m", "jax_llar.tools.launch", "--nproc", "2",
+                      "--grace_s", "5", "--", str(child)], capture_output=True, text=True,
+                     timeout=240)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  lines = {}
+  for line in r.stdout.splitlines():
+    tag, _, rest = line.partition(" ")
+    if rest.startswith("{"):
+      lines[int(tag.strip("[]"))] = json.loads(rest)
+  assert sorted(lines) == [0, 1]
+  for p, got in lines.items():
+    assert (got["me"], got["processes"], got["comm_id"], got["order"]) == (p, 2, 3, [0])
+    assert got["spec"] == [2, [p]] and got["agree"] is True
+  assert lines[0]["uid"] == lines[1]["uid"] and len(lines[0]["uid"]) == 256
