@@ -13,6 +13,7 @@ precedence, and decisions through the lowering: tests/test_tuning.py.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import pathlib
 
 import ml_dtypes
@@ -97,7 +98,7 @@ def test_a_table_that_breaks_a_rule_is_refused(kwargs, message):
 
 def test_well_formed_tables():
   assert SHIPPED.label == "sm_90 x 2 ranks"
-  assert SHIPPED.rows == (TableRow(262144, ONE_SHOT_LL),)
+  assert SHIPPED.rows == (TableRow(262144, ONE_SHOT_LL), TableRow(4194304, TWO_SHOT_LL))
   # No rows: lax.psum at every size. A lax.psum row first is allowed.
   empty = TuningTable("sm_100", 16, ())
   assert empty.row_for(4) is None
@@ -148,8 +149,9 @@ def test_row_boundaries_written_out(dtype):
     c = choose(dtype, nbytes, table.ranks, max_bytes=CAP, table=table)
     return c.algorithm if c.algorithm is not None else c.reason
 
-  assert [at(SHIPPED, b) for b in (item, 262144 - item, 262144, 262144 + item)] == [
-      ONE_SHOT_LL, ONE_SHOT_LL, ONE_SHOT_LL, "size"]
+  assert [at(SHIPPED, b) for b in (item, 262144 - item, 262144, 262144 + item,
+                                    4194304, 4194304 + item)] == [
+      ONE_SHOT_LL, ONE_SHOT_LL, ONE_SHOT_LL, TWO_SHOT_LL, TWO_SHOT_LL, "size"]
   points = [item, 1024 - item, 1024, 1024 + item, 65536, 65536 + item,
             131072, 131072 + item, 4194304, 4194304 + item]
   assert [at(SYNTHETIC, b) for b in points] == [
@@ -199,7 +201,12 @@ def test_table_details():
   assert (c.reason, c.algorithm) == ("table", None)
   assert c.detail == ("lax.psum by row 2 of the tuning table for sm_90 x 4 ranks "
                       "(1025 to 65536 bytes per rank: lax.psum; synthetic)")
-  c = choose(f32, 262148, 2, max_bytes=CAP, table=SHIPPED)
+  # The shipped table's last row is at the size cap, so the cap speaks there;
+  # a table whose last row is below the cap names its row (and its file).
+  c = choose(f32, 4194308, 2, max_bytes=CAP, table=SHIPPED)
+  assert c.reason == "size" and "the size cap, JAX_LLAR_MAX_BYTES" in c.detail
+  short = dataclasses.replace(SHIPPED, rows=SHIPPED.rows[:1])
+  c = choose(f32, 262148, 2, max_bytes=CAP, table=short)
   assert c.reason == "size" and c.detail.startswith(
       "more than 262144 bytes per rank, the last row of the tuning table for "
       "sm_90 x 2 ranks (")

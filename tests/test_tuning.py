@@ -243,11 +243,13 @@ def test_lowering_pins_every_boundary_of_the_shipped_table(arch, dtype):
   del arch  # every device is sm_90: the shipped sm_90 x 2 table serves
   item = np.dtype(dtype).itemsize
   got = [_outcome(_decide(b, ranks=2, dtype=dtype))
-         for b in (item, 262144 - item, 262144, 262144 + item)]
-  assert got == [ONE_SHOT_LL, ONE_SHOT_LL, ONE_SHOT_LL, "size"]
-  d = _decide(262144 + item, ranks=2, dtype=dtype)
-  assert "the last row of the tuning table for sm_90 x 2 ranks" in d.detail
-  assert str(SHIPPED_FILE) in d.detail
+         for b in (item, 262144 - item, 262144, 262144 + item, 4194304 - item, 4194304,
+                   4194304 + item)]
+  assert got == [ONE_SHOT_LL, ONE_SHOT_LL, ONE_SHOT_LL, TWO_SHOT_LL, TWO_SHOT_LL,
+                 TWO_SHOT_LL, "size"]
+  # Above the last row (4 MiB, also the default size cap): lax.psum.
+  d = _decide(4194304 + item, ranks=2, dtype=dtype)
+  assert "JAX_LLAR_MAX_BYTES" in d.detail
 
 
 def test_lowering_pins_every_boundary_of_a_synthetic_table(arch, monkeypatch):
@@ -354,15 +356,16 @@ def test_status_reports_the_tables_in_use(arch):
   assert default["rule"].startswith("default rule: one_shot_ll up to 262144 bytes")
   assert (default["path"], default["rows"], default["provenance"]) == (None, None, None)
   assert shipped["path"] == str(SHIPPED_FILE)
-  assert shipped["rows"] == [{"max_bytes": 262144, "algorithm": "one_shot_ll"}]
+  assert shipped["rows"] == [{"max_bytes": 262144, "algorithm": "one_shot_ll"},
+                             {"max_bytes": 4194304, "algorithm": "two_shot_ll"}]
   prov = shipped["provenance"]
-  assert prov["results_files"] == ["benchmarks/results/h200x2-20261130-jax-v3.json"]
+  assert prov["results_files"] == ["benchmarks/results/h200x2-20261201-tune-1bda736.json"]
   assert (prov["gpu"], prov["gpu_count"], prov["jax"], prov["nccl"]) == (
       "NVIDIA H200", 2, "0.11.2", "2.28.9")
   assert prov["command"].startswith("python -m jax_llar.tools.tune --from_results=")
   assert prov["note"].startswith("Chooses only among what was measured on 2 ranks: "
-                                 "lax.psum, one_shot_ll; any other algorithm was never "
-                                 "measured here")
+                                 "lax.psum, one_shot_ll, two_shot_ll; any other algorithm "
+                                 "was never measured here")
   json.dumps(jax_llar.status()["tuning"])  # JSON-ready
 
 
@@ -383,22 +386,24 @@ def test_the_shipped_table_is_rebuilt_exactly_from_its_results_file(tmp_path):
                       f"--out={tmp_path}"], cwd=ROOT, env=user_env(),
                      capture_output=True, text=True, timeout=300)
   assert p.returncode == 0, p.stdout + p.stderr
-  assert "sm_90 x 2 ranks: <= 262144 B: one_shot_ll" in p.stdout
+  assert ("sm_90 x 2 ranks: <= 262144 B: one_shot_ll, <= 4194304 B: two_shot_ll"
+          in p.stdout)
   assert (tmp_path / SHIPPED_FILE.name).read_bytes() == SHIPPED_FILE.read_bytes()
 
 
 def test_the_shipped_tables_source_was_checked_and_covers_what_it_claims():
   prov = json.loads(SHIPPED_FILE.read_text())["provenance"]
   result = json.loads((ROOT / prov["results_files"][0]).read_text())
-  used = [r for r in result["rows"] if r["impl"] in ("lax.psum", "llar.one_shot_ll")]
+  used = [r for r in result["rows"]
+          if r["impl"] in ("lax.psum", "llar.one_shot_ll", "llar.two_shot_ll")]
   assert used and all(r["correct"] is True for r in used)
-  assert all(r["fast_path"] is True for r in used if r["impl"] == "llar.one_shot_ll")
+  assert all(r["fast_path"] is True for r in used if r["impl"] != "lax.psum")
   assert {r["world_size"] for r in used} == {2}
   assert prov["measured"] == {
       "sizes": sorted({r["bytes_per_rank"] for r in used}),
       "dtypes": sorted({r["dtype"] for r in used}),
-      "implementations": ["lax.psum", "one_shot_ll"]}
-  assert max(prov["measured"]["sizes"]) == 262144
+      "implementations": ["lax.psum", "one_shot_ll", "two_shot_ll"]}
+  assert max(prov["measured"]["sizes"]) == 16777216
   assert prov["commit"] == result["env"]["git_commit"]
 
 
