@@ -66,3 +66,16 @@ def test_loaded_module_has_no_reason(fresh_native, monkeypatch):
   fake = fresh_native(lambda: {"jax_llar_copy": "capsule"})
   assert _native.require("the copy call") is fake
   assert _native.reason() is None and registered == [("jax_llar_copy", "CUDA")]
+
+
+def test_fault_injection_names_the_faults_it_knows():
+  """set_fault_for_testing (issue 12, item 5) refuses an unknown fault by
+  name before it looks for the communicator set (no GPU needed)."""
+  tools = pytest.importorskip("jax_llar.tools._llar_tools",
+                              reason="the CUDA extension was not built (no nvcc)")
+  with pytest.raises(ValueError, match="known: none, drop_peer_writes, corrupt_flag, "
+                                       "delay_rank"):
+    tools.set_fault_for_testing(1, 0, "bit_rot")
+  # A known fault goes on to the registry, which has no such set here.
+  with pytest.raises(RuntimeError, match="communicator set"):
+    tools.set_fault_for_testing(12345, 0, "delay_rank")

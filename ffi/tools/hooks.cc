@@ -22,7 +22,7 @@ namespace {
 // What the hooks changed on one device of one set.
 struct DeviceHooks {
   bool trace_on = false;
-  bool drop = false;
+  Fault fault = Fault::kNone;
   uint64_t* trace_buffer = nullptr;  // allocated at the first EnableCallTrace, kept
 };
 
@@ -58,12 +58,21 @@ Member MemberOn(int64_t comm_id, int32_t ordinal) {
 // The launcher a device's programs should capture, given its hooks.
 void ApplyOverride(int64_t comm_id, int32_t ordinal, const DeviceHooks& h) {
   Launcher launcher = nullptr;
-  if (h.drop) {
-    launcher = &LaunchOneShotLLDropPeerWrites;
-  } else if (h.trace_on) {
-    launcher = &LaunchOneShotLLTraced;
+  switch (h.fault) {
+    case Fault::kDropPeerWrites:
+      launcher = &LaunchOneShotLLDropPeerWrites;
+      break;
+    case Fault::kCorruptFlag:
+      launcher = &LaunchOneShotLLCorruptFlag;
+      break;
+    case Fault::kDelayRank:
+      launcher = &LaunchOneShotLLDelayRank;
+      break;
+    case Fault::kNone:
+      if (h.trace_on) launcher = &LaunchOneShotLLTraced;
+      break;
   }
-  // Both variants replace the one-shot algorithm only.
+  // Every variant replaces the one-shot algorithm only.
   SetLauncherOverride(comm_id, ordinal, static_cast<int64_t>(Algorithm::kOneShotLL), launcher);
 }
 
@@ -153,16 +162,20 @@ void SetEpochForTesting(int64_t comm_id, uint64_t epoch) {
   }
 }
 
-void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop) {
+void SetFaultForTesting(int64_t comm_id, int32_t ordinal, Fault fault) {
   MemberOn(comm_id, ordinal);  // throws for an unknown set or device
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (drop) {
+  if (fault != Fault::kNone) {
     DeviceGuard guard;
-    LoadToolKernels(ordinal);  // the drop variant, before the override names it
+    LoadToolKernels(ordinal);  // the fault's variant, before the override names it
   }
   DeviceHooks& h = g_hooks[{comm_id, ordinal}];
-  h.drop = drop;
+  h.fault = fault;
   ApplyOverride(comm_id, ordinal, h);
+}
+
+void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop) {
+  SetFaultForTesting(comm_id, ordinal, drop ? Fault::kDropPeerWrites : Fault::kNone);
 }
 
 }  // namespace llar

@@ -41,6 +41,16 @@ void SetEpochForTesting(int64_t comm_id, uint64_t epoch);
 // trace is on). The dropped variant wins over the traced one. With `drop`
 // true it synchronises the device first.
 void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop);
+// The fault-injection modes (issue 12, item 5), compiled in (ffi/tools) and
+// off by default: programs captured afterwards on device `ordinal` launch the
+// one-shot variant of `fault` (one_shot_ll_diag.h); kNone restores the
+// launcher (or the trace's). Each fault ends in a correct result or in the
+// bounded-wait error: kDropPeerWrites and kCorruptFlag in the error, with a
+// report of this rank; kDelayRank in correct sums when the timeout exceeds
+// kDelayRankNs, else in the error. The foreign-signature fault is the
+// loopback tool's (--extra_call_rank) and the off-by-one GPU test's.
+enum class Fault { kNone = 0, kDropPeerWrites = 1, kCorruptFlag = 2, kDelayRank = 3 };
+void SetFaultForTesting(int64_t comm_id, int32_t ordinal, Fault fault);
 
 }  // namespace llar
 

@@ -409,6 +409,30 @@ NB_MODULE(_llar_tools, m) {
         nb::arg("comm_id"), nb::arg("device"), nb::arg("drop"),
         "Test hook (F13): programs captured afterwards on `device` never store "
         "to its peers (False restores the all-reduce).");
+  m.def(
+      "set_fault_for_testing",
+      [](int64_t comm_id, int32_t device, const std::string& fault) {
+        llar::Fault f;
+        if (fault == "none") {
+          f = llar::Fault::kNone;
+        } else if (fault == "drop_peer_writes") {
+          f = llar::Fault::kDropPeerWrites;
+        } else if (fault == "corrupt_flag") {
+          f = llar::Fault::kCorruptFlag;
+        } else if (fault == "delay_rank") {
+          f = llar::Fault::kDelayRank;
+        } else {
+          throw nb::value_error(("unknown fault " + fault +
+                                 "; known: none, drop_peer_writes, corrupt_flag, delay_rank")
+                                    .c_str());
+        }
+        llar::SetFaultForTesting(comm_id, device, f);
+      },
+      nb::arg("comm_id"), nb::arg("device"), nb::arg("fault"),
+      "Fault injection (issue 12, item 5; hooks.h): programs captured afterwards "
+      "on `device` run the one-shot's `fault` variant: 'drop_peer_writes', "
+      "'corrupt_flag' (line 0's flag has an epoch bit flipped), 'delay_rank' "
+      "(the rank sends 100 ms late), or 'none'. ValueError for another name.");
 
   // The fused all-reduce + residual add + RMSNorm on simulated ranks
   // (loopback_add_rms_norm.h).

@@ -57,6 +57,34 @@ struct DropPeerWrites {
   __device__ __forceinline__ void End(const LLSession<kWorld>&) {}
 };
 
+// Line 0 of block 0 goes out with a corrupted flag (kCorruptFlagBit).
+struct CorruptFlag {
+  __device__ __forceinline__ CorruptFlag(const AllReduceArgs&, int, int) {}
+  template <int kWorld>
+  __device__ __forceinline__ void Send(LLSession<kWorld>& ll, bool active, uint2 payload) {
+    ll.Send(active, payload, [](const LLSession<kWorld>& s, uint2 p) {
+      const bool corrupt = s.block() == 0 && s.thread() == 0;
+      s.StoreToPeers(s.SlotOffset(), p, corrupt ? s.flag() ^ kCorruptFlagBit : s.flag());
+    });
+  }
+  template <int kWorld>
+  __device__ __forceinline__ void End(const LLSession<kWorld>&) {}
+};
+
+// The rank sends after kDelayRankNs (a spin bounded by the clock).
+struct DelayRank {
+  __device__ __forceinline__ DelayRank(const AllReduceArgs&, int, int) {}
+  template <int kWorld>
+  __device__ __forceinline__ void Send(LLSession<kWorld>& ll, bool active, uint2 payload) {
+    const uint64_t t0 = GlobalTimerNs();
+    while (GlobalTimerNs() - t0 < kDelayRankNs) {
+    }
+    ll.Send(active, payload);
+  }
+  template <int kWorld>
+  __device__ __forceinline__ void End(const LLSession<kWorld>&) {}
+};
+
 // The production all-reduce on the session without signatures.
 struct Unsigned {
   static constexpr bool kSigned = false;
@@ -106,6 +134,8 @@ using SendLoopbackKernels = OneShotLLKernels<SendLoopback, 2>;
 using TracedKernels = OneShotLLKernels<Traced, 2, 4, 8>;
 using DropPeerWritesKernels = OneShotLLKernels<DropPeerWrites, 2>;
 using UnsignedKernels = OneShotLLKernels<Unsigned, 2, 4, 8>;
+using CorruptFlagKernels = OneShotLLKernels<CorruptFlag, 2, 4, 8>;
+using DelayRankKernels = OneShotLLKernels<DelayRank, 2, 4, 8>;
 
 }  // namespace
 
@@ -122,6 +152,10 @@ cudaError_t LaunchOneShotLLDiag(DiagVariant variant, AllReduceArgs args, DType d
       return DropPeerWritesKernels::Launch(args, dtype, stream, options);
     case DiagVariant::kUnsigned:
       return UnsignedKernels::Launch(args, dtype, stream, options);
+    case DiagVariant::kCorruptFlag:
+      return CorruptFlagKernels::Launch(args, dtype, stream, options);
+    case DiagVariant::kDelayRank:
+      return DelayRankKernels::Launch(args, dtype, stream, options);
   }
   return cudaErrorInvalidValue;
 }
@@ -135,12 +169,22 @@ cudaError_t LaunchOneShotLLDropPeerWrites(AllReduceArgs args, DType dtype,
   return DropPeerWritesKernels::Launch(args, dtype, stream, OneShotOptions{});
 }
 
+cudaError_t LaunchOneShotLLCorruptFlag(AllReduceArgs args, DType dtype, cudaStream_t stream) {
+  return CorruptFlagKernels::Launch(args, dtype, stream, OneShotOptions{});
+}
+
+cudaError_t LaunchOneShotLLDelayRank(AllReduceArgs args, DType dtype, cudaStream_t stream) {
+  return DelayRankKernels::Launch(args, dtype, stream, OneShotOptions{});
+}
+
 cudaError_t PreloadOneShotLLDiag() {
   cudaError_t e = LoopbackKernels::Preload();
   if (e == cudaSuccess) e = SendLoopbackKernels::Preload();
   if (e == cudaSuccess) e = TracedKernels::Preload();
   if (e == cudaSuccess) e = DropPeerWritesKernels::Preload();
   if (e == cudaSuccess) e = UnsignedKernels::Preload();
+  if (e == cudaSuccess) e = CorruptFlagKernels::Preload();
+  if (e == cudaSuccess) e = DelayRankKernels::Preload();
   return e;
 }
 

@@ -31,6 +31,15 @@ enum class DiagVariant {
   // Test hook (F13): the all-reduce without its stores to peers; the peers'
   // bounded waits then time out and report this rank.
   kDropPeerWrites,
+  // Test hook (issue 12, item 5): the all-reduce whose line 0 of block 0
+  // carries a flag with one epoch bit flipped (kCorruptFlagBit): no reader
+  // takes it as its line or as a foreign one, so the peers' bounded waits
+  // time out and report this rank; every other line is the all-reduce's.
+  kCorruptFlag,
+  // Test hook (issue 12, item 5): the all-reduce after every thread of the
+  // rank spun for kDelayRankNs: its peers wait that much longer, and the sums
+  // are correct when the timeout is longer than the delay.
+  kDelayRank,
   // The all-reduce compiled without call signatures (ll_session.cuh,
   // kSigned false: the flag low32(E) | 1 and no foreign-line check): the
   // kernel bench's baseline for what signatures cost. AllReduceArgs::signature
@@ -39,8 +48,8 @@ enum class DiagVariant {
 };
 
 // Launches `variant` like LaunchOneShotLLWith: the same grid rule and checks.
-// kTraced and kUnsigned are compiled for 2, 4, 8 and any number of ranks, the
-// others for 2 and any (the kernel bench runs them on the machine at hand).
+// kTraced, kUnsigned and the fault variants are compiled for 2, 4, 8 and any
+// number of ranks, the others for 2 and any (the kernel bench runs them on the machine at hand).
 cudaError_t LaunchOneShotLLDiag(DiagVariant variant, AllReduceArgs args, DType dtype,
                                 cudaStream_t stream, const OneShotOptions& options);
 
@@ -48,6 +57,12 @@ cudaError_t LaunchOneShotLLDiag(DiagVariant variant, AllReduceArgs args, DType d
 cudaError_t LaunchOneShotLLTraced(AllReduceArgs args, DType dtype, cudaStream_t stream);
 cudaError_t LaunchOneShotLLDropPeerWrites(AllReduceArgs args, DType dtype,
                                           cudaStream_t stream);
+cudaError_t LaunchOneShotLLCorruptFlag(AllReduceArgs args, DType dtype, cudaStream_t stream);
+cudaError_t LaunchOneShotLLDelayRank(AllReduceArgs args, DType dtype, cudaStream_t stream);
+// The fault variants' constants: the flag bit kCorruptFlag flips (an epoch
+// bit, ll.cuh: flag(E, S)), and kDelayRank's delay, nanoseconds.
+inline constexpr uint32_t kCorruptFlagBit = 1u << 15;
+inline constexpr uint64_t kDelayRankNs = 100'000'000ull;
 
 // Loads every diagnostic variant on the current device.
 cudaError_t PreloadOneShotLLDiag();

@@ -68,3 +68,34 @@ def test_f11_memory_returns_to_its_baseline():
   # The regions of both algorithms are held, and nothing else.
   (_, regions, _), = p.data["scratch"]
   assert sorted(regions) == ["one_shot_ll", "two_shot_ll"], regions
+
+
+# --- issue 12, item 5: fault injection (hooks.h, set_fault_for_testing) ---------------
+
+
+def test_f13_corrupted_flag_fails_with_report():
+  """Line 0 of the second device's sends carries a flag with a flipped epoch
+  bit: no reader may take it, so the call ends in the bounded-wait error with
+  a report naming that device's rank, never in a sum."""
+  p = run_program("fault_modes", "corrupt_flag", env={"JAX_LLAR_TIMEOUT_MS": "1500"})
+  assert p.data is not None, p.tail
+  assert p.data["fast_before"] and p.data["correct"] is None, p.tail
+  assert p.data["error"] is not None, p.tail
+  assert _report_of(p.data["reports"], rank=0, peer=1), p.data["reports"]
+
+
+def test_f12_rank_delayed_by_100_ms_still_sums_correctly():
+  """The second device sends 100 ms late (a bounded spin): with a timeout
+  above the delay the peers wait it out and every sum is right."""
+  p = run_program("fault_modes", "delay_rank", env={"JAX_LLAR_TIMEOUT_MS": "3000"})
+  assert p.data is not None, p.tail
+  assert p.data["error"] is None and p.data["correct"] is True, p.tail
+  assert p.data["seconds"] >= 0.1, p.data
+
+
+def test_f12_rank_delayed_past_the_timeout_fails_with_report():
+  """The same delay with a 20 ms timeout: the bounded-wait error instead."""
+  p = run_program("fault_modes", "delay_rank", env={"JAX_LLAR_TIMEOUT_MS": "20"})
+  assert p.data is not None, p.tail
+  assert p.data["error"] is not None and p.data["correct"] is None, p.tail
+  assert _report_of(p.data["reports"], rank=0, peer=1), p.data["reports"]

@@ -80,8 +80,12 @@ class LLSession {
   __device__ __forceinline__ uint2 Recv(int src) const;
   __device__ __forceinline__ void End() const;
 
-  // The stores a Send's `store` is built from (contract above).
+  // The stores a Send's `store` is built from (contract above). The form
+  // with a `flag` of the caller's is the fault-injection variants' (ffi/tools:
+  // a line whose flag no reader expects); every other store uses flag(E, S).
   __device__ __forceinline__ void StoreToPeers(std::size_t offset, uint2 payload) const;
+  __device__ __forceinline__ void StoreToPeers(std::size_t offset, uint2 payload,
+                                               uint32_t flag) const;
   __device__ __forceinline__ void StoreLoopback(uint2 payload) const;
   // Offset of this thread's slot (its line, sent by this rank) in the half
   // of E, in any rank's scratch.
@@ -92,6 +96,8 @@ class LLSession {
   __device__ int world() const { return kStaticWorld ? kWorld : world_; }
   __device__ int block() const { return block_; }
   __device__ int thread() const { return thread_; }
+  // flag(E, S), valid from within Send's `store` on (contract above).
+  __device__ uint32_t flag() const { return flag_; }
 
  private:
   __device__ __forceinline__ void AdvanceEpoch() const;

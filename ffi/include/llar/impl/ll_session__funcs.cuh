@@ -78,7 +78,12 @@ __device__ __forceinline__ std::size_t LLSession<kWorld, kSigned>::SlotOffset() 
 template <int kWorld, bool kSigned>
 __device__ __forceinline__ void LLSession<kWorld, kSigned>::StoreToPeers(
     std::size_t offset, uint2 payload) const {
-  const uint32_t flag = flag_;
+  StoreToPeers(offset, payload, flag_);
+}
+
+template <int kWorld, bool kSigned>
+__device__ __forceinline__ void LLSession<kWorld, kSigned>::StoreToPeers(
+    std::size_t offset, uint2 payload, uint32_t flag) const {
   if constexpr (kStaticWorld) {
 #pragma unroll
     for (int k = 0; k < kWorld - 1; ++k) StoreLine(to_[k] + offset, payload, flag);
