@@ -77,3 +77,19 @@ def test_references_per_impl():
   assert jax_level.references_for("llar.one_shot_ll", "cpu", False) == ("lax.psum",)
   assert jax_level.references_for("ffi.copy", "gpu", None) == ("rounded",)
   assert jax_level.references_for("lax.psum", "gpu", None) == ("rounded", "excess_f32")
+
+
+def test_progress_lines_estimate_the_time_left(capsys):
+  """Issue 14, item 4: the long tools print "[done/total] ... elapsed, about
+  ... left" (jax_llar.tools.progress), on stdout with their rows."""
+  import time
+  from jax_llar.tools.progress import Progress, duration
+  p = Progress(4, "bench")
+  assert "?" in p.line()  # nothing done: no estimate yet
+  time.sleep(0.05)
+  line = p.step("f32 64 B")
+  assert line.startswith("bench [1/4] f32 64 B: 0m00s elapsed, about 0m00s left")
+  assert capsys.readouterr().out.strip() == line
+  p.step(n=10)  # clipped to the total
+  assert p.done == 4 and p.left_s() == 0
+  assert (duration(7), duration(185), duration(3725)) == ("0m07s", "3m05s", "1h02m")

@@ -62,6 +62,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_llar
 from jax_llar.tools import _cli, host, report
+from jax_llar.tools.progress import Progress
 
 import cg
 import checks
@@ -210,10 +211,12 @@ def run(s: Settings) -> dict:
   if not jax_llar.status()["active"]:
     print("jax_llar.psum lowers to lax.psum here, so both impls use the same all-reduce.")
   rows, records = [], []
+  progress = Progress(len(s.grids), "cg")
   for n in s.grids:
     grid_rows, record = run_grid(poisson.Grid.cubes(n, ranks), mesh, s)
     rows += grid_rows
     records.append(record)
+    progress.step(f"grid {n}^3 per rank")
   return {"rows": rows, "grids": records, "ok": all(r["ok"] for r in records),
           "histories_identical": all(v["histories_identical"] for r in records
                                      for v in r["structures"].values()),

@@ -85,6 +85,7 @@ import time
 from absl import app, flags
 
 from jax_llar.tools import _cli, host, report
+from jax_llar.tools.progress import Progress
 
 import model as model_lib
 from hbm import measure_bandwidth
@@ -329,6 +330,7 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
         f"in {t_init:.1f} s; {max(batches)} prompt(s) of {s.prompt} tokens "
         f"prefilled in {time.perf_counter() - t0:.1f} s (compile included)", flush=True)
   rows, first_ids = [], {}
+  progress = Progress(len(batches), f"decode {name}")
   for b in batches:
     m = model_lib.build(cfg, mesh, b, max_len)
     # The fused step form: the same weights and prefilled cache.
@@ -394,6 +396,7 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
                        hbm_copy_gbs=bw["copy_gbs"], hbm_read_gbs=bw["read_gbs"]))
     for row in rows[len(rows) - len(timed) - (bw is not None and "floor" in impls):]:
       _print_row(row)
+    progress.step(f"batch {b}")
     del decs, cache0, tok0
     gc.collect()
   del params, seqs

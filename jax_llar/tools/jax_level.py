@@ -54,6 +54,7 @@ import jax_llar
 from jax_llar import testing
 from jax_llar.algorithms import Algorithm
 from jax_llar.tools import _native, copy as copy_call, traces
+from jax_llar.tools.progress import Progress
 
 LLAR = Algorithm.ONE_SHOT_LL.impl
 IMPLS = ("lax.psum", copy_call.IMPL_COPY, LLAR)
@@ -588,6 +589,7 @@ def run(s: Settings) -> dict:
   mesh = Mesh(np.array(devices[: s.world or len(devices)]), ("x",))
   rng = np.random.default_rng(s.seed)
   rows = []
+  progress = Progress(len(s.dtypes) * len(s.sizes), "jax level")
   for dt_name in s.dtypes:
     dtype = DTYPES[dt_name]
     for nbytes in s.sizes:
@@ -601,6 +603,7 @@ def run(s: Settings) -> dict:
               f"{row['us_round_max']:.2f}] correct={row['correct']} "
               f"reference={row['reference']} fast_path={row['fast_path']}{note}",
               flush=True)
+      progress.step(f"{dt_name} {nbytes} B")
   anatomy = None  # last: it turns the call trace on for later programs
   if s.anatomy_bytes and devices[0].platform == "gpu" and _native.load() is not None:
     anatomy = call_anatomy(mesh, DTYPES[s.dtypes[0]], s.anatomy_bytes,

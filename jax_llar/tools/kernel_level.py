@@ -28,6 +28,7 @@ import numpy as np
 from jax_llar import testing
 from jax_llar.algorithms import MAX_BYTES, NON_DETERMINISTIC, Algorithm
 from jax_llar.tools import _native
+from jax_llar.tools.progress import Progress
 
 # What a kernel's output must equal on each rank.
 SUM = "sum"            # the float64 rank-order sum of all inputs, rounded once
@@ -200,6 +201,7 @@ def run(s: Settings) -> dict:
   if any(KERNEL_IMPLS[i].variant == "traced" for i in s.impls):
     # The trace variant then stores its timestamps, as it would in use.
     mod.enable_call_trace(cs.comm_id)
+  progress = Progress(len(s.dtypes) * len(s.sizes), "kernel level")
   for dt_name in s.dtypes:
     dtype = jax_level.DTYPES[dt_name]
     for nbytes in s.sizes:
@@ -221,4 +223,5 @@ def run(s: Settings) -> dict:
         print(f"{impl:30s} {dt_name:5s} {row['bytes_per_rank']:9d} B "
               f"{row['us_per_call']:8.2f} us/call [min {row['us_min']:.2f}] "
               f"correct={row['correct']}", flush=True)
+      progress.step(f"{dt_name} {nbytes} B")
   return {"env": report.environment(), "level": "kernel", "rows": rows}

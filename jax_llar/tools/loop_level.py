@@ -70,6 +70,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import jax_llar
 from jax_llar import testing
 from jax_llar.tools import copy as copy_call, jax_level
+from jax_llar.tools.progress import Progress
 
 STRUCTURES = ("chain", "scan", "scan_unroll8", "fori", "fori_k8", "while",
               "while_psum_pred", "jit_step")
@@ -500,6 +501,7 @@ def run(s: Settings) -> dict:
   mesh = Mesh(np.array(devices[: s.world or len(devices)]), ("x",))
   rng = np.random.default_rng(s.seed)
   rows = []
+  progress = Progress(len(s.dtypes) * len(s.sizes), "loop level")
   for dt_name in s.dtypes:
     dtype = jax_level.DTYPES[dt_name]
     for nbytes in s.sizes:
@@ -507,6 +509,7 @@ def run(s: Settings) -> dict:
                          s.k_long, s.calls, s.rounds, rng):
         rows.append(row)
         print(_row_line(row), flush=True)
+      progress.step(f"{dt_name} {nbytes} B")
   failures = []
   if s.flag_sets:
     flag_rows, failures = run_flag_sets(s)

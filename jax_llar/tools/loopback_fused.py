@@ -262,7 +262,8 @@ def run(worlds: Sequence[int], dtypes: Sequence[str], shapes: Sequence[tuple[int
             functools.partial(run_case, mod, case, calls, timeout_ms, device, rng),
             f"W={case.world} {case.dtype} {case.rows}x{case.d}")
            for case in cases(worlds, dtypes, shapes, start_epochs))
-  rows = lh.run_cases(items, _line)
+  rows = lh.run_cases(items, _line, total=sum(
+      1 for _ in cases(worlds, dtypes, shapes, start_epochs)))
   settings = {"op": "add_rms_norm", "worlds": list(worlds), "dtypes": list(dtypes),
               "shapes": [list(s) for s in shapes], "calls": calls,
               "timeout_ms": timeout_ms, "start_epochs": list(start_epochs), "seed": seed,

@@ -66,6 +66,7 @@ import numpy as np
 
 from jax_llar import algorithms, testing
 from jax_llar.tools import _native, report
+from jax_llar.tools.progress import Progress
 
 # Element types: flag spelling -> numpy dtype; the native module's
 # DTYPE_CODES are keyed by str(dtype).
@@ -1240,8 +1241,11 @@ def _line(row: dict) -> str:
 
 
 def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
-              line: Callable[[dict], str], *, in_process: bool = True) -> list[dict]:
-  """Runs loopback cases in order, printing `line(row)` for each as it goes.
+              line: Callable[[dict], str], *, in_process: bool = True,
+              total: int | None = None) -> list[dict]:
+  """Runs loopback cases in order, printing `line(row)` for each as it goes,
+  and, with `total` (the number of cases), a progress line with the time
+  left about every twentieth of them.
 
   Args:
     items: per case (base row, reason to skip it or None, a function that
@@ -1258,6 +1262,8 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
   """
   rows: list[dict] = []
   broken = None  # why the CUDA context can no longer be used
+  progress = Progress(total, "loopback") if total else None
+  every = max(1, (total or 1) // 20)
   for base, reason, go, label in items:
     if reason is not None:
       row = base | {"status": "skipped", "reason": reason}
@@ -1275,6 +1281,8 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
     rows.append(row)
     if row["status"] != "not_run":
       print(line(row), flush=True)
+    if progress is not None and (len(rows) % every == 0 or len(rows) == total):
+      progress.step(n=len(rows) - progress.done)
   if broken is not None:
     print(f"stopped: {broken}; {sum(r['status'] == 'not_run' for r in rows)} case(s) "
           "not run", flush=True)
@@ -1325,7 +1333,7 @@ def run(s: Settings, skip_rank: int = -1, skip_call: int = 0, *,
         go = functools.partial(run_case, mod, s, case, rng)
       yield base, reason, go, f"W={case.world} {case.dtype} {case.n_bytes} B"
 
-  rows = run_cases(items(), _line, in_process=not faulty)
+  rows = run_cases(items(), _line, in_process=not faulty, total=sum(1 for _ in cases(s)))
   return {"env": report.environment(), "level": "loopback", "note": NOTE,
           "settings": dataclasses.asdict(s) | {
               "skip_rank": skip_rank, "skip_call": skip_call,

@@ -57,7 +57,7 @@ from absl import flags
 from jax_llar import tuning
 from jax_llar.algorithms import MAX_BYTES, MAX_RANKS, NON_DETERMINISTIC, Algorithm
 from jax_llar.config import settings
-from jax_llar.tools import _cli, host, report
+from jax_llar.tools import _cli, host, progress, report
 from jax_llar.tools.tune_plan import (AUTO, chain_lengths, default_ranks, default_sizes,
                                       fastest, from_results_command, verdicts)
 
@@ -181,9 +181,7 @@ def write_tables(tables) -> None:
     print(f"  wrote {path}")
 
 
-def _duration(s: float) -> str:
-  s = int(round(s))
-  return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+_duration = progress.duration
 
 
 def _release() -> None:
