@@ -71,8 +71,10 @@ def test_loaded_module_has_no_reason(fresh_native, monkeypatch):
 def test_fault_injection_names_the_faults_it_knows():
   """set_fault_for_testing (issue 12, item 5) refuses an unknown fault by
   name before it looks for the communicator set (no GPU needed)."""
-  tools = pytest.importorskip("jax_llar.tools._llar_tools",
-                              reason="the CUDA extension was not built (no nvcc)")
+  try:
+    import jax_llar.tools._llar_tools as tools  # pylint: disable=g-import-not-at-top
+  except ImportError as e:  # not built (no nvcc), or no libnccl.so.2 to load it with
+    pytest.skip(f"the tools module does not load here: {e}")
   with pytest.raises(ValueError, match="known: none, drop_peer_writes, corrupt_flag, "
                                        "delay_rank"):
     tools.set_fault_for_testing(1, 0, "bit_rot")
