@@ -213,8 +213,8 @@ def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], 
     comm_id = mod.create_comm_set_of_ranks(specs, timeout_ns)
   except RuntimeError as e:
     error = str(e) or "failed"
-  outcomes = _read_all(kv, f"{key}/made", processes, me, error, timeout_ms)
-  failed = {p: v for p, v in sorted(outcomes.items()) if v}
+  outcomes = _read_all(kv, f"{key}/made", processes, me, error or "ok", timeout_ms)
+  failed = {p: v for p, v in sorted(outcomes.items()) if v != "ok"}
   if failed:
     p, why = next(iter(failed.items()))
     raise SpanError(f"creating the communicators failed in process {p}: {why}")
