@@ -24,6 +24,7 @@ PROGRAMS = {
     "tune": [sys.executable, "-m", "jax_llar.tools.tune", "--help"],
     "soak": [sys.executable, "-m", "jax_llar.tools.soak", "--help"],
     "store_atomicity": [sys.executable, "-m", "jax_llar.tools.store_atomicity", "--help"],
+    "launch": [sys.executable, "-m", "jax_llar.tools.launch", "--help"],
     "tp_decode": [sys.executable, "examples/tp_decode/main.py", "--help"],
 }
 

@@ -3,13 +3,13 @@ jax.distributed.
 
   python -m jax_llar.tools.launch --nproc 2 [--grace_s 30] -- script.py [args...]
 
-Starts `--nproc` processes of ``python script.py args...``; process i gets
-GPU i (``JAX_LOCAL_DEVICE_IDS=i``), the coordinator address of a free local
-port (``JAX_COORDINATOR_ADDRESS``, which jax.distributed reads) and its
-index and the count (``JAX_LLAR_PROCESS_ID``, ``JAX_LLAR_NUM_PROCESSES``).
-The program calls `initialize` (or ``jax.distributed.initialize`` with those
+Starts `--nproc` processes of python script.py args...; process i gets
+GPU i (JAX_LOCAL_DEVICE_IDS=i), the coordinator address of a free local
+port (JAX_COORDINATOR_ADDRESS, which jax.distributed reads) and its
+index and the count (JAX_LLAR_PROCESS_ID, JAX_LLAR_NUM_PROCESSES).
+The program calls `initialize` (or jax.distributed.initialize with those
 values) before anything else of JAX. Each output line is prefixed with
-``[i]``. When a process fails, the others get --grace_s seconds to end (in
+[i]. When a process fails, the others get --grace_s seconds to end (in
 jax_llar's bounded-wait error, if they were waiting for it) and are then
 killed. Exit status: 0 when every process exited with 0, else the first
 failing process's status (a signal N as 128 + N).
@@ -29,6 +29,8 @@ import threading
 import time
 
 from absl import app, flags
+
+from jax_llar.tools import _cli
 
 NPROC = flags.DEFINE_integer("nproc", 2, "Processes to start, one GPU each.", lower_bound=1)
 GRACE_S = flags.DEFINE_float("grace_s", 30.0, "Seconds the other processes may run "
@@ -126,4 +128,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+  _cli._help_exits_zero()  # pylint: disable=protected-access  # --help exits 0, as every tool's
   app.run(lambda argv: sys.exit(main(argv)))
