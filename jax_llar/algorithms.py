@@ -21,8 +21,8 @@ Algorithms:
     chunk in rank order (bitwise the one-shot's result) and stores the reduced
     lines into every rank's scratch; no barrier, double buffered by epoch
     parity (ffi/src/kernels/two_shot_ll.cuh). Payload per rank: up to 4 MiB.
-    Not in the tuning table yet (dispatch waits for measurements); reachable
-    with JAX_LLAR_ALGORITHM=two_shot_ll.
+    The shipped sm_90 x 2 table chooses it above the one-shot's sizes;
+    JAX_LLAR_ALGORITHM=two_shot_ll forces it.
   ONE_SHOT_SENTINEL (3): the one-shot with full-width lines: every 16-byte
     store carries 16 payload bytes and no flag, into a slot of every rank's
     scratch that holds a sentinel (all ones) until the line lands; the reader

@@ -503,3 +503,12 @@ def test_package_docstring_quotes_no_speed():
   assert "psum" in doc and "README" in doc
   assert not MEASUREMENT.search(doc)
   assert not re.search(r"\bfaster\b|\bspeed-?up\b|\d+(\.\d+)?x\b", doc)
+
+
+def test_package_version_is_stated_once_alike():
+  """pyproject.toml's version is the package's __version__ (a newcomer found
+  0.1.0 against 0.2.0)."""
+  import tomllib
+  with open(ROOT / "pyproject.toml", "rb") as f:
+    version = tomllib.load(f)["project"]["version"]
+  assert f'__version__ = "{version}"' in (PACKAGE / "__init__.py").read_text()

@@ -30,7 +30,11 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 # The names of our kernels, as a profiler reports them. The one place that
 # knows them: every tool that looks for our kernels in a trace uses this.
-KERNELS = re.compile(r"OneShotLLKernel|CopyKernel")
+# Every algorithm's kernel (ffi/src/kernels: OneShotLLKernel, TwoShotLLKernel,
+# OneShotSentinelKernel, OneShotLL128Kernel, TwoShotLL128Kernel,
+# TwoShotLL128AtomicKernel, NcclLLA2AOneShotKernel, OneShotLLAddRmsNormKernel)
+# and the copy calls' (CopyKernel, WideCopyKernel).
+KERNELS = re.compile(r"(?:OneShot|TwoShot|NcclLLA2AOneShot)\w*Kernel|CopyKernel")
 DEVICE_PREFIX = "/device:"
 MIN_KERNELS = 4
 # Idle time between two kernels of one stream above this is a stall (the GPU
