@@ -51,6 +51,10 @@ class CommSet:
   # the native ensure_region's ``agree`` callable; None for one process.
   agreement: Callable[[Algorithm], Callable[[int, str], bool]] | None = dataclasses.field(
       default=None, compare=False, repr=False)
+  # For a set spanning processes: the decision inputs the processes agreed
+  # on (jax_llar.distributed.decision_inputs); a lowering whose inputs have
+  # changed since must not decide differently from the other processes.
+  agreed_inputs: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
   def ensure(self, algorithm: Algorithm) -> None:
     """Allocates `algorithm`'s scratch region on every device of the set,
@@ -140,11 +144,13 @@ def get_or_create(groups: Sequence[Sequence[int]]) -> CommSet:
 
 
 def get_or_create_spanning(groups: Sequence[Sequence[tuple[int, int]]],
-                           architecture: str | None) -> CommSet:
+                           architecture: str | None,
+                           ordinals: dict[int, int] | None = None) -> CommSet:
   """`get_or_create` for groups that may span processes (one process per
-  GPU, jax.distributed): each group a list of (process index, CUDA ordinal
-  in that process) in rank order; every process of the groups must call it
-  for the same groups (SPMD lowering does). The method, and what the
+  GPU, jax.distributed): each group a list of (process index, global device
+  id) in rank order, `ordinals` this process's device ids -> CUDA ordinals
+  (JAX gives no ordinal for another process's device); every process of the
+  groups must call it for the same groups (SPMD lowering does). The method, and what the
   processes agree on through the jax.distributed key-value store:
   `jax_llar.distributed`. The set's `CommSet.groups` are this process's
   ordinals of the groups it belongs to.
@@ -158,6 +164,7 @@ def get_or_create_spanning(groups: Sequence[Sequence[tuple[int, int]]],
   from jax_llar import distributed  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   key = ("spanning",) + tuple(tuple((int(p), int(d)) for p, d in g) for g in groups)
+  ordinals = dict(ordinals or {})
   with _lock:
     hit = _sets.get(key)
     if isinstance(hit, CommError):
@@ -177,12 +184,14 @@ def get_or_create_spanning(groups: Sequence[Sequence[tuple[int, int]]],
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # as in get_or_create
     me = jax.process_index()
     world = len(groups[0])
+    record = distributed.decision_record(world, architecture)
     try:
       comm_id, order = distributed.create(
-          mod, kv, groups, me, distributed.decision_record(world, architecture),
-          int(settings.timeout_ms) * 1_000_000)
-    except distributed.SpanError as e:
-      err = CommError(str(e))
+          mod, kv, groups, me, record, int(settings.timeout_ms) * 1_000_000, ordinals)
+    except Exception as e:  # SpanError, or anything else: remembered, never retried
+      # (a retry would post the same keys again, which the store refuses).
+      err = CommError(str(e) if isinstance(e, distributed.SpanError)
+                      else f"{type(e).__name__}: {e}")
       _sets[key] = err
       raise err from None
     skey = distributed.set_key(groups)
@@ -191,9 +200,9 @@ def get_or_create_spanning(groups: Sequence[Sequence[tuple[int, int]]],
     def agreement(algorithm: Algorithm):
       return distributed.region_agreement(kv, skey, int(algorithm), members, order, me)
 
-    local = tuple(tuple(d for p, d in groups[gi] if p == me) for gi in order)
+    local = tuple(tuple(ordinals[d] for p, d in groups[gi] if p == me) for gi in order)
     cs = CommSet(comm_id=comm_id, key=int(mod.comm_key(comm_id)), groups=local,
-                 world_size=world, agreement=agreement)
+                 world_size=world, agreement=agreement, agreed_inputs=record["inputs"])
     _sets[key] = cs
     return cs
 

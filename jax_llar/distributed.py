@@ -86,14 +86,15 @@ def bootstrap_timeout_ms() -> int:
 
 
 def host_identity() -> str:
-  """This machine: hostname and Linux boot id (two containers on one node
-  share the boot id; two nodes never do)."""
+  """This machine: its Linux boot id, which containers on one node share
+  and two nodes never do (hostnames differ between pods of one node); the
+  hostname where the kernel gives none. NCCL's check that all ranks form
+  one load/store-accessible team stays the last word (registry.cc)."""
   try:
     with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-      boot = f.read().strip()
+      return "boot:" + f.read().strip()
   except OSError:
-    boot = "?"
-  return f"{socket.gethostname()}/{boot}"
+    return "host:" + socket.gethostname()
 
 
 def decision_inputs(world: int, architecture: str | None) -> dict[str, Any]:
@@ -120,15 +121,24 @@ def decision_inputs(world: int, architecture: str | None) -> dict[str, Any]:
 
 def set_key(groups: Sequence[Sequence[tuple[int, int]]]) -> str:
   """The store's key for a set: a hash of its groups, each a list of
-  (process index, CUDA ordinal in that process) in rank order."""
+  (process index, global device id) in rank order; the same in every
+  process (a device of another process has no CUDA ordinal here)."""
   text = json.dumps([[list(m) for m in g] for g in groups])
   return f"{KEY_PREFIX}/set/{hashlib.sha256(text.encode()).hexdigest()[:24]}"
 
 
 def _read_all(kv: KeyValueStore, base: str, processes: Sequence[int], me: int,
               mine: str, timeout_ms: int) -> dict[int, str]:
-  """Posts `mine` under base/<me> and returns every process's value."""
-  kv.key_value_set(f"{base}/{me}", mine)
+  """Posts `mine` under base/<me> and returns every process's value.
+
+  Raises:
+    SpanError: a process did not post within `timeout_ms` (its text names
+      it); this process's own post could not be made.
+  """
+  try:
+    kv.key_value_set(f"{base}/{me}", mine)
+  except Exception as e:  # the client's own errors (ALREADY_EXISTS, shutdown)
+    raise SpanError(f"could not post {base}/{me} ({type(e).__name__}: {e})") from None
   out = {}
   for p in processes:
     try:
@@ -139,46 +149,104 @@ def _read_all(kv: KeyValueStore, base: str, processes: Sequence[int], me: int,
   return out
 
 
+# A verdict's value when every process may go on.
+GO = "go"
+
+
+def verdict(kv: KeyValueStore, base: str, proposal: str, timeout_ms: int) -> str:
+  """The one verdict of a step for every process: the first proposal
+  written to base/verdict wins (the store refuses a second write of a key),
+  and every process acts on the winner. A process that saw every post
+  proposes GO; one that timed out, or saw a failure, proposes why not. So a
+  late process never enters a collective call that an early one gave up on
+  (it reads the early one's refusal), and an early one never gives up on a
+  collective that a late one enters.
+
+  Raises:
+    SpanError: the verdict could be neither written nor read.
+  """
+  key = f"{base}/verdict"
+  try:
+    kv.key_value_set(key, proposal)
+    return proposal
+  except Exception:  # another process wrote it first: read that one
+    pass
+  try:
+    return kv.blocking_key_value_get(key, timeout_ms)
+  except Exception as e:
+    raise SpanError(f"no verdict at {key} ({type(e).__name__}: {e})") from None
+
+
+def _agreed(kv: KeyValueStore, base: str, processes: Sequence[int], me: int, mine: str,
+            timeout_ms: int, judge: Callable[[dict[int, str]], str]) -> dict[int, str]:
+  """`_read_all`, then `verdict` on `judge(values)` (GO, or why not; a
+  timeout proposes its own text); raises SpanError with the verdict's text
+  unless it is GO. Returns the values when GO."""
+  try:
+    values = _read_all(kv, base, processes, me, mine, timeout_ms)
+    proposal = judge(values)
+  except SpanError as e:
+    values, proposal = {}, str(e)
+  final = verdict(kv, base, proposal, timeout_ms)
+  if final != GO:
+    raise SpanError(final)
+  if not values:
+    # GO from a process that read every post after this one's reads timed
+    # out: the posts exist now, so read them again and go on with the others.
+    try:
+      values = {p: kv.blocking_key_value_get(f"{base}/{p}", timeout_ms)
+                for p in processes}
+    except Exception as e:
+      raise SpanError(f"{base}: the others agreed, but this process cannot read their "
+                      f"posts ({type(e).__name__}: {e})") from None
+  return values
+
+
 def agree_on_set(kv: KeyValueStore, key: str, processes: Sequence[int], me: int,
                  record: dict[str, Any], timeout_ms: int) -> None:
   """Step 1 of the module docstring: raises SpanError, with the same text
   in every process, when the processes run on different hosts or their
   decision inputs differ."""
-  got = _read_all(kv, f"{key}/record", processes, me,
-                  json.dumps(record, sort_keys=True), timeout_ms)
-  records = {p: json.loads(v) for p, v in sorted(got.items())}
-  hosts = sorted({r["host"] for r in records.values()})
-  if len(hosts) > 1:
-    raise SpanError(f"the group spans {len(hosts)} nodes ({', '.join(hosts)}): "
-                    "lax.psum (NCCL) serves groups across nodes")
-  first = records[min(records)]["inputs"]
-  for p, r in records.items():
-    differ = sorted(k for k in set(first) | set(r["inputs"])
-                    if first.get(k) != r["inputs"].get(k))
-    if differ:
-      raise SpanError(f"the processes' decision inputs differ ({', '.join(differ)}: "
-                      f"process {min(records)} and process {p}); every process must "
-                      "have the same jax_llar settings and tuning tables")
+  def judge(got: dict[int, str]) -> str:
+    records = {p: json.loads(v) for p, v in sorted(got.items())}
+    hosts = sorted({r["host"] for r in records.values()})
+    if len(hosts) > 1:
+      return (f"the group spans {len(hosts)} nodes ({', '.join(hosts)}): "
+              "lax.psum (NCCL) serves groups across nodes")
+    first = records[min(records)]["inputs"]
+    for p, r in records.items():
+      differ = sorted(k for k in set(first) | set(r["inputs"])
+                      if first.get(k) != r["inputs"].get(k))
+      if differ:
+        return (f"the processes' decision inputs differ ({', '.join(differ)}: "
+                f"process {min(records)} and process {p}); every process must "
+                "have the same jax_llar settings and tuning tables")
+    return GO
+
+  _agreed(kv, f"{key}/record", processes, me, json.dumps(record, sort_keys=True),
+          timeout_ms, judge)
 
 
-def local_specs(groups: Sequence[Sequence[tuple[int, int]]], me: int
-                ) -> list[tuple[int, int, list[int], list[int]]]:
+def local_specs(groups: Sequence[Sequence[tuple[int, int]]], me: int,
+                ordinals: dict[int, int]) -> list[tuple[int, int, list[int], list[int]]]:
   """This process's part of each group that holds one of its devices:
-  (group index, world, ranks, ordinals), ranks ascending."""
+  (group index, world, ranks, CUDA ordinals), ranks ascending; `ordinals`
+  maps this process's device ids to their CUDA ordinals."""
   out = []
   for gi, g in enumerate(groups):
     ranks = [r for r, (p, _) in enumerate(g) if p == me]
     if ranks:
-      out.append((gi, len(g), ranks, [g[r][1] for r in ranks]))
+      out.append((gi, len(g), ranks, [ordinals[g[r][1]] for r in ranks]))
   return out
 
 
 def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], me: int,
-           record: dict[str, Any], timeout_ns: int,
+           record: dict[str, Any], timeout_ns: int, ordinals: dict[int, int],
            timeout_ms: int | None = None) -> tuple[int, list[int]]:
   """Steps 1 and 2 of the module docstring for the set of `groups` (each a
-  list of (process index, local CUDA ordinal) in rank order): returns
-  (comm id, the global index of each local group, in the set's order).
+  list of (process index, global device id) in rank order; `ordinals` maps
+  this process's device ids to CUDA ordinals): returns (comm id, the global
+  index of each local group, in the set's order).
 
   Raises:
     SpanError: hosts or decision inputs differ, a process did not arrive in
@@ -190,7 +258,7 @@ def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], 
   processes = sorted({p for g in groups for p, _ in g})
   agree_on_set(kv, key, processes, me, record, timeout_ms)
   specs, order = [], []
-  for gi, world, ranks, ordinals in local_specs(groups, me):
+  for gi, world, ranks, local in local_specs(groups, me, ordinals):
     members = {p for p, _ in groups[gi]}
     if members == {me}:
       uid = b""  # every rank is ours: ncclCommInitAll
@@ -198,26 +266,33 @@ def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], 
       owner = groups[gi][0][0]
       ukey = f"{key}/uid/{gi}"
       if owner == me:
-        uid = mod.nccl_unique_id()
-        kv.key_value_set(ukey, uid.hex())
+        try:
+          uid = mod.nccl_unique_id()
+          kv.key_value_set(ukey, uid.hex())
+        except Exception as e:  # NCCL or the store refused: the others time out
+          raise SpanError(f"the NCCL unique id of group {gi}: {type(e).__name__}: {e}"
+                          ) from None
       else:
         try:
           uid = bytes.fromhex(kv.blocking_key_value_get(ukey, timeout_ms))
         except Exception as e:
           raise SpanError(f"process {owner} did not post the NCCL unique id of group "
                           f"{gi} within {timeout_ms} ms ({type(e).__name__}: {e})") from None
-    specs.append((world, ranks, ordinals, uid))
+    specs.append((world, ranks, local, uid))
     order.append(gi)
   comm_id, error = 0, ""
   try:
     comm_id = mod.create_comm_set_of_ranks(specs, timeout_ns)
   except RuntimeError as e:
     error = str(e) or "failed"
-  outcomes = _read_all(kv, f"{key}/made", processes, me, error or "ok", timeout_ms)
-  failed = {p: v for p, v in sorted(outcomes.items()) if v != "ok"}
-  if failed:
-    p, why = next(iter(failed.items()))
-    raise SpanError(f"creating the communicators failed in process {p}: {why}")
+  def judge(outcomes: dict[int, str]) -> str:
+    failed = {p: v for p, v in sorted(outcomes.items()) if v != "ok"}
+    if failed:
+      p, why = next(iter(failed.items()))
+      return f"creating the communicators failed in process {p}: {why}"
+    return GO
+
+  _agreed(kv, f"{key}/made", processes, me, error or "ok", timeout_ms, judge)
   return comm_id, order
 
 
@@ -234,12 +309,19 @@ def region_agreement(kv: KeyValueStore, key: str, algorithm: int,
 
   def agree(i: int, local_error: str) -> bool:
     gi = group_index[i]
+
+    def judge(got: dict[int, str]) -> str:
+      bad = [f"process {p}: {v}" for p, v in sorted(got.items()) if v != "ok"]
+      return f"a region could not be allocated ({'; '.join(bad)})" if bad else GO
+
     try:
-      got = _read_all(kv, f"{key}/region/{algorithm}/{gi}", group_processes[gi], me,
-                      local_error or "ok", timeout_ms)
+      _agreed(kv, f"{key}/region/{algorithm}/{gi}", group_processes[gi], me,
+              local_error or "ok", timeout_ms, judge)
     except SpanError:
       return False
-    return all(v == "ok" for v in got.values())
+    except Exception:  # never raise into the native caller
+      return False
+    return True
 
   return agree
 

@@ -148,9 +148,22 @@ def _comm_set(groups) -> comm.CommSet:
   """The communicator set of `groups` (lists of jax devices, rank order)."""
   devices = [d for g in groups for d in g]
   if _spans_processes(devices):
-    return comm.get_or_create_spanning(
-        [[(d.process_index, d.local_hardware_id) for d in g] for g in groups],
-        tuning.architecture_of(devices[0]))
+    # Keyed by global device id: another process's device has no CUDA
+    # ordinal here (its local_hardware_id is None), and the key must be the
+    # same in every process.
+    me = jax.process_index()
+    architecture = tuning.architecture_of(devices[0])
+    cs = comm.get_or_create_spanning(
+        [[(d.process_index, d.id) for d in g] for g in groups], architecture,
+        {d.id: d.local_hardware_id for d in devices if d.process_index == me})
+    now = distributed.decision_inputs(len(groups[0]), architecture)
+    if cs.agreed_inputs is not None and now != cs.agreed_inputs:
+      changed = sorted(k for k in now if now.get(k) != cs.agreed_inputs.get(k))
+      raise comm.CommError(
+          f"this process's decision inputs changed since the processes agreed on them "
+          f"({', '.join(changed)}): the others would decide differently; change "
+          "settings in every process alike, before the first lowering")
+    return cs
   return comm.get_or_create([[d.local_hardware_id for d in g] for g in groups])
 
 

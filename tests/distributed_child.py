@@ -22,13 +22,13 @@ import jax  # noqa: E402
 from jax_llar import distributed  # noqa: E402
 import test_distributed as td  # noqa: E402
 
-groups = [[(0, 0), (1, 0)]]
+groups = [[(0, 0), (1, 1)]]  # (process, device id)
 kv = distributed.store()
 me = jax.process_index()
 native = td.Native()
 comm_id, order = distributed.create(native, kv, groups, me,
                                     distributed.decision_record(2, None), 1000,
-                                    timeout_ms=30000)
+                                    {me: 0}, timeout_ms=30000)
 agree = distributed.region_agreement(kv, distributed.set_key(groups), 1, [[0, 1]], order, me,
                                      timeout_ms=30000)
 print(json.dumps({"me": me, "processes": jax.process_count(), "comm_id": comm_id,

@@ -70,15 +70,22 @@ def _record(host="node-a", **inputs):
   return {"host": host, "inputs": base}
 
 
+def _ordinals(groups, me):
+  """Device id -> CUDA ordinal of process `me`'s devices: its devices in
+  order of id get ordinals 0, 1, ..."""
+  mine = sorted({d for g in groups for p, d in g if p == me})
+  return {d: i for i, d in enumerate(mine)}
+
+
 def _run(groups, records, natives, timeout_ms=5000):
   """distributed.create in one thread per process; {process: result or
-  exception}."""
+  exception}. Group members are (process index, global device id)."""
   kv, out = Store(), {}
 
   def one(me):
     try:
       out[me] = distributed.create(natives[me], kv, groups, me, records[me], 1000,
-                                   timeout_ms=timeout_ms)
+                                   _ordinals(groups, me), timeout_ms=timeout_ms)
     except distributed.SpanError as e:
       out[me] = e
 
@@ -91,7 +98,7 @@ def _run(groups, records, natives, timeout_ms=5000):
 
 
 def test_f10_one_gpu_per_process_shares_one_nccl_unique_id():
-  groups = [[(0, 0), (1, 0)]]
+  groups = [[(0, 0), (1, 1)]]
   natives = {0: Native(), 1: Native()}
   out, _ = _run(groups, {0: _record(), 1: _record()}, natives)
   assert out == {0: (3, [0]), 1: (3, [0])}
@@ -104,14 +111,14 @@ def test_f10_one_gpu_per_process_shares_one_nccl_unique_id():
 def test_f10_two_processes_of_two_gpus_cross_and_local_groups():
   # A 2 x 2 mesh, processes on the first axis: the second axis' groups are
   # inside one process (ncclCommInitAll), the first axis' span both.
-  cross = [[(0, 0), (1, 0)], [(0, 1), (1, 1)]]
+  cross = [[(0, 0), (1, 2)], [(0, 1), (1, 3)]]
   natives = {0: Native(), 1: Native()}
   out, _ = _run(cross, {0: _record(), 1: _record()}, natives)
   assert out == {0: (3, [0, 1]), 1: (3, [0, 1])}
   assert [s[1:3] for s in natives[1].specs] == [([1], [0]), ([1], [1])]
   assert [s[3] for s in natives[0].specs] == [s[3] for s in natives[1].specs]
   assert natives[0].specs[0][3] != natives[0].specs[1][3]  # one id per group
-  local = [[(0, 0), (0, 1)], [(1, 0), (1, 1)]]
+  local = [[(0, 0), (0, 1)], [(1, 2), (1, 3)]]
   natives = {0: Native(), 1: Native()}
   out, _ = _run(local, {0: _record(), 1: _record()}, natives)
   assert out == {0: (3, [0]), 1: (3, [1])}
@@ -119,7 +126,7 @@ def test_f10_two_processes_of_two_gpus_cross_and_local_groups():
 
 
 def test_f10_groups_across_nodes_are_refused_alike_in_every_process():
-  out, kv = _run([[(0, 0), (1, 0)]], {0: _record("node-a"), 1: _record("node-b")},
+  out, kv = _run([[(0, 0), (1, 1)]], {0: _record("node-a"), 1: _record("node-b")},
                  {0: Native(), 1: Native()})
   assert all(isinstance(e, distributed.SpanError) for e in out.values())
   assert str(out[0]) == str(out[1]) and "spans 2 nodes" in str(out[0])
@@ -127,14 +134,14 @@ def test_f10_groups_across_nodes_are_refused_alike_in_every_process():
 
 
 def test_f10_different_decision_inputs_are_refused_alike_naming_them():
-  out, _ = _run([[(0, 0), (1, 0)]], {0: _record(max_bytes=1024), 1: _record()},
+  out, _ = _run([[(0, 0), (1, 1)]], {0: _record(max_bytes=1024), 1: _record()},
                 {0: Native(), 1: Native()})
   assert str(out[0]) == str(out[1])
   assert "decision inputs differ (max_bytes" in str(out[0])
 
 
 def test_f10_a_creation_failure_anywhere_is_refused_everywhere():
-  out, _ = _run([[(0, 0), (1, 0)]], {0: _record(), 1: _record()},
+  out, _ = _run([[(0, 0), (1, 1)]], {0: _record(), 1: _record()},
                 {0: Native(), 1: Native(fail="ncclCommInitRank: unhandled system error")})
   assert str(out[0]) == str(out[1])
   assert "failed in process 1: ncclCommInitRank" in str(out[0])
@@ -143,7 +150,7 @@ def test_f10_a_creation_failure_anywhere_is_refused_everywhere():
 def test_f10_a_process_that_never_arrives_ends_in_an_error_not_a_hang():
   kv = Store()
   with pytest.raises(distributed.SpanError, match="process 1 did not post"):
-    distributed.create(Native(), kv, [[(0, 0), (1, 0)]], 0, _record(), 1000,
+    distributed.create(Native(), kv, [[(0, 0), (1, 1)]], 0, _record(), 1000, {0: 0},
                        timeout_ms=200)
 
 
@@ -180,7 +187,7 @@ def test_decision_inputs_follow_the_settings(monkeypatch):
   assert a != b and {k for k in a if a[k] != b[k]} == {"max_bytes"}
   monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT")
   assert distributed.decision_inputs(2, None)["concurrent_flag"] is True
-  assert "/" in distributed.host_identity()
+  assert distributed.host_identity().startswith(("boot:", "host:"))
 
 
 # --- the lowering with jax.distributed -------------------------------------------------
@@ -191,7 +198,8 @@ class FakeGpu:
 
   def __init__(self, i, process_index):
     self.id = i
-    self.local_hardware_id = i // 2
+    # As jaxlib: another process's device has no ordinal here (process 0 runs).
+    self.local_hardware_id = 0 if process_index == 0 else None
     self.process_index = process_index
     self.compute_capability = "9.0"
 
@@ -231,8 +239,8 @@ def test_f10_lowering_spanning_processes_bootstraps_through_the_store(monkeypatc
   monkeypatch.setattr(distributed, "store", lambda: Store())
   seen = {}
 
-  def create(mod, kv, groups, me, record, timeout_ns, timeout_ms=None):
-    seen.update(groups=groups, me=me, record=record)
+  def create(mod, kv, groups, me, record, timeout_ns, ordinals, timeout_ms=None):
+    seen.update(groups=groups, me=me, record=record, ordinals=ordinals)
     return 9, [0]
 
   monkeypatch.setattr(distributed, "create", create)
@@ -242,7 +250,8 @@ def test_f10_lowering_spanning_processes_bootstraps_through_the_store(monkeypatc
   aval = jax.core.ShapedArray((256,), np.float32)
   d = lowering.decide(ctx, aval, ("x",), platform="cuda")
   assert (d.reason, d.algorithm, d.comm_id, d.comm_key) == ("fast_path", ONE_SHOT_LL, 9, 77)
-  assert seen["groups"] == [[(0, 0), (1, 0)]] and seen["me"] == 0
+  assert seen["groups"] == [[(0, 0), (1, 1)]] and seen["me"] == 0
+  assert seen["ordinals"] == {0: 0}  # only this process's device has an ordinal
   assert seen["record"]["inputs"]["max_bytes"] == settings.max_bytes
   (cid, alg, agree), = ext.agrees
   assert (cid, alg) == (9, int(ONE_SHOT_LL)) and callable(agree)
@@ -276,3 +285,45 @@ def test_f10_two_cpu_processes_bootstrap_through_jax_distributed():
     assert (got["me"], got["processes"], got["comm_id"], got["order"]) == (p, 2, 3, [0])
     assert got["spec"] == [2, [p]] and got["agree"] is True
   assert lines[0]["uid"] == lines[1]["uid"] and len(lines[0]["uid"]) == 256
+
+
+def test_f10_a_late_process_follows_the_early_ones_refusal_and_never_enters_nccl():
+  """Process 1 gives up waiting for process 0 (its timeout); process 0
+  arrives later and finds every post: it must still refuse, because the
+  first verdict written wins, or it would enter ncclCommInitRank alone."""
+  kv, groups = Store(), [[(0, 0), (1, 1)]]
+  natives = {0: Native(), 1: Native()}
+  with pytest.raises(distributed.SpanError, match="process 0 did not post") as early:
+    distributed.create(natives[1], kv, groups, 1, _record(), 1000, {1: 0}, timeout_ms=100)
+  with pytest.raises(distributed.SpanError) as late:
+    distributed.create(natives[0], kv, groups, 0, _record(), 1000, {0: 0}, timeout_ms=2000)
+  assert str(late.value) == str(early.value)
+  assert natives[0].specs is None and natives[1].specs is None  # no NCCL call anywhere
+  assert not any("/uid/" in k for k in kv.values)
+
+
+def test_f10_a_go_verdict_is_followed_by_a_process_whose_reads_timed_out():
+  """The reverse order: process 0 saw every post and wrote GO first; process
+  1's reads then time out, but it reads the posts again and goes on with the
+  others (a refusal here would leave process 0 alone in NCCL)."""
+  kv = Store()
+  base = "k/record"
+  kv.key_value_set(f"{base}/0", "a")
+  kv.key_value_set(f"{base}/verdict", distributed.GO)
+
+  class Slow(Store):
+    def __init__(self, inner):
+      self.inner, self.calls = inner, 0
+
+    def key_value_set(self, key, value):
+      self.inner.key_value_set(key, value)
+
+    def blocking_key_value_get(self, key, timeout_in_ms):
+      self.calls += 1
+      if self.calls == 1:
+        raise TimeoutError("DEADLINE_EXCEEDED")  # the first read misses
+      return self.inner.blocking_key_value_get(key, timeout_in_ms)
+
+  got = distributed._agreed(Slow(kv), base, [0, 1], 1, "b", 100,
+                            lambda v: distributed.GO)  # pylint: disable=protected-access
+  assert got == {0: "a", 1: "b"}
