@@ -109,12 +109,27 @@ NB_MODULE(_llar, m) {
 
   m.def("comm_key", &llar::KeyOf, nb::arg("comm_id"),
         "Fingerprint of a communicator set's groups (the FFI attribute comm_key).");
-  m.def("scratch_bytes", &llar::ScratchBytesOf, nb::arg("comm_id"),
-        "Bytes of symmetric scratch per device of a communicator set (its regions).");
+  // Every binding that takes the registry's mutex releases the GIL first:
+  // ensure_region holds that mutex while it calls back into Python (its
+  // `agree`), so a thread holding the GIL while it waits for the mutex would
+  // deadlock with it.
+  m.def(
+      "scratch_bytes",
+      [](int64_t comm_id) {
+        nb::gil_scoped_release release;
+        return llar::ScratchBytesOf(comm_id);
+      },
+      nb::arg("comm_id"),
+      "Bytes of symmetric scratch per device of a communicator set (its regions).");
 
   m.def("error_reports", []() {
+    std::vector<llar::ErrorReport> reports;
+    {
+      nb::gil_scoped_release release;
+      reports = llar::ErrorReports();
+    }
     nb::list out;
-    for (const auto& r : llar::ErrorReports()) {
+    for (const auto& r : reports) {
       nb::dict d;
       d["comm_id"] = r.comm_id;
       d["device"] = r.ordinal;
