@@ -22,6 +22,7 @@ with one local device per process (README: "One process per GPU").
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -84,7 +85,24 @@ def launch(nproc: int, argv: list[str], grace_s: float = 30.0,
   if nproc < 1 or not argv:
     raise ValueError("launch needs --nproc >= 1 and a program")
   addr = f"127.0.0.1:{free_port()}"
-  procs = []
+  procs, pumps = [], []
+  try:
+    return _run(procs, pumps, nproc, argv, grace_s, env, addr)
+  finally:
+    # However the launcher ends (an exception, Ctrl-C, SIGTERM), no child
+    # outlives it: a child waiting on a dead peer would hold its GPU.
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+    for p in procs:
+      p.wait()
+    for t in pumps:  # every line of output reaches stdout before we return
+      t.join(10)
+
+
+def _run(procs, pumps, nproc, argv, grace_s, env, addr) -> int:
+  """launch's body: starts the children into `procs` (their output pumps
+  into `pumps`) and waits for them."""
   for i in range(nproc):
     e = dict(os.environ, **(env or {}))
     e.update({"JAX_COORDINATOR_ADDRESS": addr, "JAX_LOCAL_DEVICE_IDS": str(i),
@@ -92,8 +110,10 @@ def launch(nproc: int, argv: list[str], grace_s: float = 30.0,
               "PYTHONUNBUFFERED": "1"})
     p = subprocess.Popen([sys.executable, *argv], env=e, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
-    threading.Thread(target=_pump, args=(i, p.stdout, sys.stdout), daemon=True).start()
     procs.append(p)
+    t = threading.Thread(target=_pump, args=(i, p.stdout, sys.stdout), daemon=True)
+    t.start()
+    pumps.append(t)
   first_failure, failed_at = None, None
   while any(p.poll() is None for p in procs):
     for i, p in enumerate(procs):
@@ -107,9 +127,12 @@ def launch(nproc: int, argv: list[str], grace_s: float = 30.0,
         if p.poll() is None:
           print(f"[launch] killing process {i}", flush=True)
           p.kill()
+          p.wait()
     time.sleep(0.05)
   for p in procs:
     p.wait()
+  for t in pumps:
+    t.join(10)
   if first_failure is None:
     bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
     first_failure = bad[0] if bad else None
@@ -127,6 +150,12 @@ def main(argv: list[str]) -> int:
   return launch(NPROC.value, argv[1:], GRACE_S.value)
 
 
+def _terminate(signum, frame):  # SIGTERM: end like Ctrl-C, through launch's cleanup
+  del frame
+  raise SystemExit(128 + signum)
+
+
 if __name__ == "__main__":
+  signal.signal(signal.SIGTERM, _terminate)
   _cli._help_exits_zero()  # pylint: disable=protected-access  # --help exits 0, as every tool's
   app.run(lambda argv: sys.exit(main(argv)))
