@@ -30,13 +30,16 @@ import sys
 
 from absl import app, flags
 
+from jax_llar.tools import host
+
 OUT = flags.DEFINE_string("out", "/tmp/jax_llar_trace", "Folder the trace is written to.")
 CALLS = flags.DEFINE_integer("calls", 5, "Traced calls of the step (after one warm-up call).",
                              lower_bound=1)
 SIZES = flags.DEFINE_list("sizes", ["1024", "16384"], "Bytes per rank of each all-reduce "
                           "of the step (bf16).")
 CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 0, "Force this many host CPU devices "
-                                   "(0: use the default backend).", lower_bound=0)
+                                   "(0: the default backend where there is a GPU, else "
+                                   "2 CPU devices, as the other examples).", lower_bound=0)
 JSON_F = flags.DEFINE_string("json", None, "Also write what was found to this file.")
 
 
@@ -53,10 +56,13 @@ def _sizes() -> list[int]:
 def main(argv) -> int:
   del argv
   sizes = _sizes()
-  if CPU_DEVICES.value:
+  n_cpu = CPU_DEVICES.value
+  if not n_cpu and not host.gpu_present():
+    n_cpu = 2  # a psum over one device shows no fallback reason worth seeing
+  if n_cpu:
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={CPU_DEVICES.value}")
+                               f" --xla_force_host_platform_device_count={n_cpu}")
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top

@@ -14,6 +14,9 @@ jax_llar's bounded-wait error, if they were waiting for it) and are then
 killed. Exit status: 0 when every process exited with 0, else the first
 failing process's status (a signal N as 128 + N).
 
+Without GPUs (JAX_PLATFORMS=cpu) each process gets one CPU device instead;
+jax_llar then lowers every psum to lax.psum, which shows what GPUs would do.
+
 Under SLURM, Open MPI or another launcher that jax.distributed.initialize
 detects, no launcher of ours is needed: call jax.distributed.initialize()
 with one local device per process (README: "One process per GPU").
