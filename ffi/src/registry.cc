@@ -606,6 +606,13 @@ std::vector<std::vector<Member>> MembersOf(int64_t comm_id) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) return {};
   const CommSet& set = *g_sets[comm_id];
+  for (const auto& g : set.groups) {
+    if (static_cast<int>(g.ordinals.size()) != g.world) {
+      Fail("jax_llar: communicator set " + std::to_string(comm_id) +
+           " spans processes; the tools (kernel bench, call trace, test hooks) serve only "
+           "sets whose ranks are all in this process");
+    }
+  }
   std::vector<std::vector<Member>> out;
   size_t next = 0;  // set.devices holds the groups' devices in order
   for (const auto& g : set.groups) {

@@ -168,7 +168,8 @@ struct Member {
   const DeviceContext* context;
 };
 // The members of `comm_id`, one list per group in rank order; empty when the
-// id is unknown.
+// id is unknown. Throws std::runtime_error for a set that spans processes
+// (its groups hold ranks of other processes, which the tools cannot reach).
 LLAR_API std::vector<std::vector<Member>> MembersOf(int64_t comm_id);
 // Sets (or, with nullptr, clears) the launcher override of `algorithm` (an
 // id of kAlgorithms) on one device. Throws std::runtime_error when the set
