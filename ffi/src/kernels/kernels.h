@@ -44,8 +44,10 @@ cudaError_t PreloadKernels(ForKernel for_kernel) {
   cudaFuncAttributes attr;
   for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
     for (int world : {0, kWorlds...}) {
+      const auto kernel = for_kernel(d, world);
+      if (kernel == nullptr) continue;  // a dtype the algorithm does not serve
       const cudaError_t e =
-          cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(for_kernel(d, world)));
+          cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel));
       if (e != cudaSuccess) return e;
     }
   }

@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/kernel_table.cuh"
 #include "kernels/kernels.h"
 #include "llar/args.h"
 #include "llar/ll_session.cuh"
@@ -105,26 +106,19 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotLLKernel(const AllReduceAr
 // Host side: the kernels of one variant, compiled for the world sizes
 // kWorlds... and for any world size (kWorld = 0), picked by dtype and the
 // group's number of ranks.
+// OneShotLLKernels' kernel names (kernel_table.cuh: Pick).
+template <typename Variant>
+struct OneShotLLPick {
+  template <typename T, int kWorld>
+  static constexpr auto Get() { return &OneShotLLKernel<T, kWorld, Variant>; }
+};
+
 template <typename Variant, int... kWorlds>
-struct OneShotLLKernels {
-  using Kernel = void (*)(AllReduceArgs);
-
-  template <typename T>
-  static Kernel ForWorld(int world) {
-    Kernel k = OneShotLLKernel<T, 0, Variant>;
-    ((world == kWorlds ? (k = OneShotLLKernel<T, kWorlds, Variant>, 0) : 0), ...);
-    return k;
-  }
-
-  static Kernel For(DType dtype, int world) {
-    switch (dtype) {
-      case DType::kF32: return ForWorld<float>(world);
-      case DType::kBF16: return ForWorld<__nv_bfloat16>(world);
-      case DType::kF16: return ForWorld<__half>(world);
-      case DType::kI32: return ForWorld<int32_t>(world);
-    }
-    return nullptr;
-  }
+struct OneShotLLKernels : KernelTable<OneShotLLPick<Variant>, true, kWorlds...> {
+  using Table = KernelTable<OneShotLLPick<Variant>, true, kWorlds...>;
+  using typename Table::Kernel;
+  using Table::For;
+  using Table::Preload;
 
   // Fills in the grid-dependent fields of `a` and launches; a.world picks the
   // kernel unless options.generic asks for the run-time one.
@@ -143,11 +137,6 @@ struct OneShotLLKernels {
     if (fn == nullptr) return cudaErrorInvalidValue;
     fn<<<g.blocks, g.threads, 0, stream>>>(a);
     return cudaGetLastError();
-  }
-
-  // Loads every kernel of the variant on the current device.
-  static cudaError_t Preload() {
-    return PreloadKernels<kWorlds...>(&For);
   }
 };
 

@@ -91,6 +91,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/kernel_table.cuh"
 #include "kernels/kernels.h"
 #include "llar/args.h"
 #include "llar/reduce.cuh"
@@ -191,27 +192,18 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotSentinelKernel(const AllRe
 
 // Host side: the kernels for world sizes kWorlds... and any world size
 // (kWorld = 0), picked by dtype and the group's number of ranks.
+// OneShotSentinelKernels' kernel names (kernel_table.cuh: Pick).
+struct OneShotSentinelPick {
+  template <typename T, int kWorld>
+  static constexpr auto Get() { return &OneShotSentinelKernel<T, kWorld>; }
+};
+
 template <int... kWorlds>
-struct OneShotSentinelKernels {
-  using Kernel = void (*)(AllReduceArgs);
-
-  template <typename T>
-  static Kernel ForWorld(int world) {
-    Kernel k = OneShotSentinelKernel<T, 0>;
-    ((world == kWorlds ? (k = OneShotSentinelKernel<T, kWorlds>, 0) : 0), ...);
-    return k;
-  }
-
-  // nullptr for int32 (not served).
-  static Kernel For(DType dtype, int world) {
-    switch (dtype) {
-      case DType::kF32: return ForWorld<float>(world);
-      case DType::kBF16: return ForWorld<__nv_bfloat16>(world);
-      case DType::kF16: return ForWorld<__half>(world);
-      case DType::kI32: return nullptr;
-    }
-    return nullptr;
-  }
+struct OneShotSentinelKernels : KernelTable<OneShotSentinelPick, false, kWorlds...> {
+  using Table = KernelTable<OneShotSentinelPick, false, kWorlds...>;
+  using typename Table::Kernel;
+  using Table::For;
+  using Table::Preload;
 
   // Fills in the grid-dependent fields of `a` (vector_lines counts 16-byte
   // lines, moved with one 16-byte access when in and out are both 16-byte
@@ -234,19 +226,6 @@ struct OneShotSentinelKernels {
     a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
     fn<<<g.blocks, g.threads, 0, stream>>>(a);
     return cudaGetLastError();
-  }
-
-  // Loads every kernel (three dtypes x kWorlds and any) on the current device.
-  static cudaError_t Preload() {
-    cudaFuncAttributes attr;
-    for (DType d : {DType::kF32, DType::kBF16, DType::kF16}) {
-      for (int world : {0, kWorlds...}) {
-        const cudaError_t e =
-            cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(For(d, world)));
-        if (e != cudaSuccess) return e;
-      }
-    }
-    return cudaSuccess;
   }
 };
 

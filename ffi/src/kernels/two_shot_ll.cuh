@@ -94,6 +94,7 @@
 
 #include <cstdint>
 
+#include "kernels/kernel_table.cuh"
 #include "kernels/kernels.h"
 #include "llar/args.h"
 #include "llar/epoch.cuh"
@@ -255,26 +256,18 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
 
 // Host side: the kernels for world sizes kWorlds... and any world size
 // (kWorld = 0), picked by dtype and the group's number of ranks.
+// TwoShotLLKernels' kernel names (kernel_table.cuh: Pick).
+struct TwoShotLLPick {
+  template <typename T, int kWorld>
+  static constexpr auto Get() { return &TwoShotLLKernel<T, kWorld>; }
+};
+
 template <int... kWorlds>
-struct TwoShotLLKernels {
-  using Kernel = void (*)(AllReduceArgs);
-
-  template <typename T>
-  static Kernel ForWorld(int world) {
-    Kernel k = TwoShotLLKernel<T, 0>;
-    ((world == kWorlds ? (k = TwoShotLLKernel<T, kWorlds>, 0) : 0), ...);
-    return k;
-  }
-
-  static Kernel For(DType dtype, int world) {
-    switch (dtype) {
-      case DType::kF32: return ForWorld<float>(world);
-      case DType::kBF16: return ForWorld<__nv_bfloat16>(world);
-      case DType::kF16: return ForWorld<__half>(world);
-      case DType::kI32: return ForWorld<int32_t>(world);
-    }
-    return nullptr;
-  }
+struct TwoShotLLKernels : KernelTable<TwoShotLLPick, true, kWorlds...> {
+  using Table = KernelTable<TwoShotLLPick, true, kWorlds...>;
+  using typename Table::Kernel;
+  using Table::For;
+  using Table::Preload;
 
   // Fills in the grid-dependent fields of `a` and launches.
   static cudaError_t Launch(AllReduceArgs a, DType dtype, cudaStream_t stream) {
@@ -291,10 +284,6 @@ struct TwoShotLLKernels {
     if (fn == nullptr) return cudaErrorInvalidValue;
     fn<<<g.blocks, g.threads, 0, stream>>>(a);
     return cudaGetLastError();
-  }
-
-  static cudaError_t Preload() {
-    return PreloadKernels<kWorlds...>(&For);
   }
 };
 
