@@ -325,6 +325,7 @@ def dtype_refusal(algorithm: Algorithm, dtype) -> str | None:
 # (jax_llar.psum_add_rms_norm; ffi/src/kernels/one_shot_ll_add_rms_norm.cuh).
 # The constants equal the extension's FUSED_* (checked when it loads).
 
+# The fused op's XLA FFI target (the extension registers its handler).
 FUSED_TARGET = "jax_llar_all_reduce_add_rms_norm"
 # Largest payload per rank (x's bytes): the one-shot's.
 FUSED_MAX_BYTES = 64 * 512 * 8

@@ -188,4 +188,7 @@ def _from_env() -> Settings:
     raise ValueError(f"jax_llar settings from the environment: {e}") from None
 
 
+# The process's settings (a `Settings`), read from the JAX_LLAR_* environment
+# variables at import; assign an attribute to change one (validated). Lowerings
+# read them, so jitted functions are lowered again after a change.
 settings = _from_env()

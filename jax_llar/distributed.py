@@ -61,9 +61,13 @@ class KeyValueStore(Protocol):
   """What jax_llar uses of jax.distributed's client
   (``jax._src.distributed.global_state.client``)."""
 
-  def key_value_set(self, key: str, value: str) -> None: ...
+  def key_value_set(self, key: str, value: str) -> None:
+    """Stores `value` under `key`; raises when the key exists already (the
+    store keeps the first value: `verdict` relies on it)."""
 
-  def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str: ...
+  def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str:
+    """The value of `key`, waiting for it at most `timeout_in_ms` ms; raises
+    when it does not appear in time."""
 
 
 class SpanError(RuntimeError):

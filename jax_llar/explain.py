@@ -35,6 +35,7 @@ UNROLL_ENOUGH = 8
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
+# Where a finding points the user for the advice on loops.
 README_SECTION = 'the README section "Getting the speed in loops"'
 
 

@@ -142,6 +142,8 @@ def psum_add_rms_norm(x: Any, residual: Any, weight: Any, axis_name, *,
 
 # --- the primitive ---------------------------------------------------------------
 
+# The fused op's JAX primitive (llar_psum_add_rms_norm in a jaxpr), bound by
+# `psum_add_rms_norm`; two results (normed, new_residual); lowered by `_lower`.
 psum_add_rms_norm_p = core.Primitive("llar_psum_add_rms_norm")
 psum_add_rms_norm_p.multiple_results = True
 

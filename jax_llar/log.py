@@ -15,6 +15,8 @@ from typing import Any
 
 from jax_llar.algorithms import Algorithm
 
+# The library's logger: each fallback reason once per (reason, detail), at
+# WARNING for an explicit jax_llar.psum and at INFO for the swaps' psums.
 logger = logging.getLogger("jax_llar")
 
 _lock = threading.Lock()

@@ -100,6 +100,8 @@ class Call:
   site: str
 
   def to_dict(self) -> dict[str, Any]:
+    """The call as a JSON-ready dict (the fields above), as jax_llar.status()
+    and the error reports show it."""
     return dataclasses.asdict(self)
 
 

@@ -142,6 +142,8 @@ class swap_psum(contextlib.ContextDecorator):
   """
 
   def __init__(self, enabled: bool = True):
+    """`enabled` False keeps the region JAX's (inside an install() or an
+    enclosing swap). Raises TypeError for a non-bool."""
     if not isinstance(enabled, bool):
       raise TypeError(f"swap_psum(enabled): a bool, got {enabled!r}")
     self._value = MARK_SWAP if enabled else MARK_OFF
@@ -153,6 +155,7 @@ class swap_psum(contextlib.ContextDecorator):
     return swap_psum(self._value == MARK_SWAP)
 
   def __enter__(self):
+    """Marks the psums traced from here on (this thread), until the exit."""
     cm = mark(self._value)
     cm.__enter__()
     stack = getattr(self._local, "stack", None)
@@ -162,6 +165,7 @@ class swap_psum(contextlib.ContextDecorator):
     return self
 
   def __exit__(self, *exc):
+    """Ends this block's mark; exceptions pass through."""
     self._local.stack.pop().__exit__(*exc)
     return False
 

@@ -65,12 +65,16 @@ from jax_llar.algorithms import (MAX_BYTES, NEEDS_STORE_ATOMICITY, NON_DETERMINI
                                  Algorithm)
 from jax_llar.config import settings
 
+# The format tag of a tuning table file (its "format" key); `load` refuses
+# any other.
 FORMAT = "jax_llar.tuning/1"
 
 # The tables shipped with jax_llar (package data: pyproject.toml's
 # wheel.packages copies every file of the package that git does not ignore).
 SHIPPED_DIR = pathlib.Path(__file__).resolve().parent / "tuning"
 
+# The keys of a table's "provenance" (tune writes every one; `load` requires
+# them).
 PROVENANCE_KEYS = ("command", "results_files", "results_sha256", "commit", "date",
                    "gpu", "gpu_count", "jax", "nccl", "architecture_from", "rule",
                    "measured", "note")
@@ -79,6 +83,8 @@ PROVENANCE_KEYS = ("command", "results_files", "results_sha256", "commit", "date
 # only when it is at least this much faster there, for every dtype measured.
 DEFAULT_MARGIN = 0.05
 
+# The builder's rule in words (build_tables), recorded in every table's
+# provenance.
 RULE = ("per size: the jax_llar algorithms whose rows are bitwise correct and "
         "ran on their fast path for every dtype measured at that size compete; "
         "each scores its largest ratio of per-step time to lax.psum's over the "

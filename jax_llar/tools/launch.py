@@ -36,10 +36,13 @@ from absl import app, flags
 
 from jax_llar.tools import _cli
 
+# --nproc and --grace_s (see the module docstring).
 NPROC = flags.DEFINE_integer("nproc", 2, "Processes to start, one GPU each.", lower_bound=1)
 GRACE_S = flags.DEFINE_float("grace_s", 30.0, "Seconds the other processes may run "
                              "on after one failed, before they are killed.", lower_bound=0)
 
+# The variables the launcher gives each process (its index, the count);
+# `initialize` reads them.
 ENV_PROCESS_ID = "JAX_LLAR_PROCESS_ID"
 ENV_NUM_PROCESSES = "JAX_LLAR_NUM_PROCESSES"
 
