@@ -9,8 +9,8 @@ through the ``jax.distributed`` key-value store (no files, nothing but the
 coordinator):
 
 1. **Agreement** (once per communicator set, at the first lowering that
-   needs it). Every process of the set posts its *record*: the host it runs
-   on (hostname and boot id) and every input of a lowering decision
+   needs it). Every process of the set posts its *record*: the node it runs
+   on (`host_identity`: its boot id) and every input of a lowering decision
    (`decision_inputs`: the settings, the tuning table in use, the XLA flags
    the lowering reads, the jax_llar and NCCL versions). Each process then
    reads every other process's record. All of them see the same records, so
@@ -31,12 +31,17 @@ coordinator):
    all enter ``ncclCommWindowRegister`` only when all allocated
    (`region_agreement`; registry.h: ``RegionAgreement``).
 
-Every read of the store is bounded (`bootstrap_timeout_ms`): a process that
-never arrives (dead, or lowering another program) ends the wait in a
-``CommError`` and a fallback to ``lax.psum`` there. The fallback is then not
-agreed, so the processes may decide differently; the kernels' bounded wait
-turns the resulting mispairing into the bounded-wait error, never a hang in
-jax_llar (README: one process per GPU).
+Each step ends in one **verdict** per key of the store (`verdict`): the
+first proposal written wins and every process acts on it, so a process that
+saw every post (GO) and one whose reads timed out (its refusal) never act
+differently: a late process does not enter a collective call that an early
+one gave up on. Every read of the store is bounded (`bootstrap_timeout_ms`);
+a refused set is a ``CommError`` and a fallback to ``lax.psum`` in every
+process, and a lowering whose decision inputs changed after the agreement
+refuses (jax_llar.lowering). What is not bounded: NCCL's own collective
+calls, once entered (a process that dies inside ``ncclCommInitRank`` leaves
+the others waiting there); after them, the kernels' bounded wait turns a
+missing peer into the bounded-wait error (docs/multiprocess.md).
 
 NCCL API: ``ncclGetUniqueId``, ``ncclCommInitRank``, ``ncclDevCommCreate``,
 ``ncclMemAlloc`` + ``ncclCommWindowRegister`` (symmetric memory across
