@@ -255,6 +255,11 @@ def test_f10_lowering_spanning_processes_bootstraps_through_the_store(monkeypatc
   assert seen["record"]["inputs"]["max_bytes"] == settings.max_bytes
   (cid, alg, agree), = ext.agrees
   assert (cid, alg) == (9, int(ONE_SHOT_LL)) and callable(agree)
+  # A setting changed in this process after the agreement: its psums refuse
+  # (the others, which agreed on the old inputs, would decide otherwise).
+  monkeypatch.setattr(settings, "max_bytes", settings.max_bytes // 2)
+  d = lowering.decide(ctx, aval, ("x",), platform="cuda")
+  assert d.reason == "communicator" and "inputs changed" in d.detail and "max_bytes" in d.detail
   # Without jax.distributed: refused, once, saying what to call.
   monkeypatch.setattr(distributed, "store", lambda: None)
   monkeypatch.setattr(comm, "_sets", {})
