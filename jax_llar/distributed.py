@@ -326,9 +326,7 @@ def region_agreement(kv: KeyValueStore, key: str, algorithm: int,
     try:
       _agreed(kv, f"{key}/region/{algorithm}/{gi}", group_processes[gi], me,
               local_error or "ok", timeout_ms, judge)
-    except SpanError:
-      return False
-    except Exception:  # never raise into the native caller
+    except Exception:  # SpanError or the store's own: never raise into the native caller
       return False
     return True
 

@@ -174,8 +174,4 @@ void SetFaultForTesting(int64_t comm_id, int32_t ordinal, Fault fault) {
   ApplyOverride(comm_id, ordinal, h);
 }
 
-void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop) {
-  SetFaultForTesting(comm_id, ordinal, drop ? Fault::kDropPeerWrites : Fault::kNone);
-}
-
 }  // namespace llar

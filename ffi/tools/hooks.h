@@ -35,13 +35,7 @@ std::pair<uint64_t, std::vector<uint64_t>> ReadCallTrace(int64_t comm_id, int32_
 // counter and re-zeroes the scratch.
 void SetEpochForTesting(int64_t comm_id, uint64_t epoch);
 
-// F13: programs captured afterwards on device `ordinal` launch the variant
-// that never stores to its peers (the peers' waits then time out and report
-// this rank); `drop` false restores the launcher (or the trace's, while the
-// trace is on). The dropped variant wins over the traced one. With `drop`
-// true it synchronises the device first.
-void SetDropPeerWritesForTesting(int64_t comm_id, int32_t ordinal, bool drop);
-// The fault-injection modes (issue 12, item 5), compiled in (ffi/tools) and
+// The fault-injection modes (F13 and issue 12, item 5), compiled in (ffi/tools) and
 // off by default: programs captured afterwards on device `ordinal` launch the
 // one-shot variant of `fault` (one_shot_ll_diag.h); kNone restores the
 // launcher (or the trace's). Each fault ends in a correct result or in the

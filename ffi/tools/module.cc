@@ -405,10 +405,6 @@ NB_MODULE(_llar_tools, m) {
   m.def("set_epoch_for_testing", &llar::SetEpochForTesting, nb::arg("comm_id"),
         nb::arg("epoch"),
         "Test hook (F4): every epoch counter of the set := epoch; scratch re-zeroed.");
-  m.def("set_drop_peer_writes_for_testing", &llar::SetDropPeerWritesForTesting,
-        nb::arg("comm_id"), nb::arg("device"), nb::arg("drop"),
-        "Test hook (F13): programs captured afterwards on `device` never store "
-        "to its peers (False restores the all-reduce).");
   m.def(
       "set_fault_for_testing",
       [](int64_t comm_id, int32_t device, const std::string& fault) {

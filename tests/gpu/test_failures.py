@@ -45,7 +45,7 @@ def test_f12_rank_divergence_fails_with_report():
 
 def test_f13_dropped_peer_write_fails_with_report():
   """A dropped peer write (test hook) fails the call with rank/slot/epoch."""
-  p = run_program("dropped_write", env={"JAX_LLAR_TIMEOUT_MS": "1500"})
+  p = run_program("fault_modes", "drop_peer_writes", env={"JAX_LLAR_TIMEOUT_MS": "1500"})
   assert p.data is not None, p.tail
   assert p.data["fast_before"], p.tail
   assert p.data["error"] is not None, p.tail
