@@ -298,7 +298,7 @@ void AllocateRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t 
                      uint64_t bytes, const AlgorithmEntry& entry, bool lla2a,
                      std::vector<std::unique_ptr<Region>>& regions);
 void FinishRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
-                   int world, int64_t algorithm, bool lla2a,
+                   int world, int64_t algorithm, uint64_t bytes, bool lla2a,
                    std::vector<std::unique_ptr<Region>>& regions);
 
 void CreateRegion(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
@@ -341,7 +341,7 @@ void BuildRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t fir
          entry.name + " region (its error is in that process's log)");
   }
   if (!local_error.empty()) Fail(local_error);
-  FinishRegions(all, first, n, world, algorithm, lla2a, regions);
+  FinishRegions(all, first, n, world, algorithm, bytes, lla2a, regions);
 }
 
 // BuildRegions' local allocations (scratch, peer table) on each local device.
@@ -368,9 +368,8 @@ void AllocateRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t 
 // BuildRegions after the agreement: the collective registration (a window,
 // or NCCL's LL all-to-all buffer) and each local device's peer table.
 void FinishRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
-                   int world, int64_t algorithm, bool lla2a,
+                   int world, int64_t algorithm, uint64_t bytes, bool lla2a,
                    std::vector<std::unique_ptr<Region>>& regions) {
-  const uint64_t bytes = RegionBytes(static_cast<Algorithm>(algorithm), world);
   if (lla2a) {
     CreateLLA2AComms(all, first, n, world, algorithm, regions);
   } else {
