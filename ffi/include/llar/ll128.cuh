@@ -203,6 +203,63 @@ __device__ __forceinline__ uint4 WaitLL128Part(const PeerTable* pt, const char* 
   }
 }
 
+// Warp-collective bounded wait for kParts line parts at once: for every n,
+// WaitLL128Part's contract with src_of(n), bit n of `active` and site_of(n),
+// and v[n] its result. Every poll loads all the parts some line of the warp
+// still waits for with back-to-back instructions, so parts that arrive
+// together cost one load latency instead of kParts (one WaitLL128Part after
+// another issues each load only after the previous wait returned). Which
+// parts are still awaited is warp-uniform (a vote per part), so the 8 lanes
+// of a line always load it with one instruction. Bounded as WaitLL128Part:
+// a flag lane with a part not ready ticks one WaitBound per poll with the
+// site of its first such part; a foreign part reports at once. src_of and
+// site_of are called with n known at compile time (loops unrolled) and
+// site_of only on the way to a report, so neither array is kept in registers.
+template <int kParts, typename SrcOf, typename SiteOf>
+__device__ __forceinline__ void WaitLL128Parts(const PeerTable* pt, SrcOf src_of, uint32_t active,
+                                               uint32_t flag, uint32_t signature, SiteOf site_of,
+                                               uint4 (&v)[kParts]) {
+  static_assert(kParts >= 1 && kParts <= 32, "one vote bit per part");
+  const bool flag_lane = IsLL128FlagLane(threadIdx.x);
+  uint32_t awaited = (kParts == 32) ? 0xffffffffu : ((1u << kParts) - 1u);  // warp-uniform
+#pragma unroll
+  for (int n = 0; n < kParts; ++n) v[n] = uint4{0u, 0u, 0u, 0u};
+  WaitBound bound;
+  bool first_poll = true;
+  while (true) {
+#pragma unroll
+    for (int n = 0; n < kParts; ++n) {
+      if ((awaited >> n) & (active >> n) & 1u) v[n] = LoadLL128Part(src_of(n));
+    }
+    int late = -1;  // this lane's first part that is not ready
+    uint32_t still = 0u;
+#pragma unroll
+    for (int n = 0; n < kParts; ++n) {
+      if ((awaited >> n) & 1u) {
+        const bool ready =
+            !((active >> n) & 1u) || !flag_lane || LL128PartReady(v[n], flag, signature);
+        if (__any_sync(0xffffffffu, !ready)) still |= 1u << n;
+        if (!ready) {
+          if (!first_poll && LL128PartForeign(v[n], flag)) {
+            ReportAndTrap(pt, site_of(n), kErrorForeignSignature,
+                          LL128ReportFlags(flag, signature, v[n]), bound.Waited());
+          }
+          if (late < 0) late = n;
+        }
+      }
+    }
+    awaited = still;
+    if (awaited == 0u) return;
+    if (!first_poll && late >= 0) {
+#pragma unroll
+      for (int n = 0; n < kParts; ++n) {
+        if (n == late) bound.Tick(pt, site_of(n), LL128ReportFlags(flag, signature, v[n]));
+      }
+    }
+    first_poll = false;
+  }
+}
+
 // The wait of a protocol whose LL128 lines carry no signature (high half of
 // the flag word 0): two_shot_ll128_atomic's all-gather. A line with another
 // high half is then foreign too.

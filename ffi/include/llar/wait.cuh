@@ -182,6 +182,56 @@ __device__ __forceinline__ uint2 WaitLine(const PeerTable* pt,
   }
 }
 
+// WaitLine for kParts lines at once: for every n whose bit of `active` is
+// set, WaitLine's contract with src_of(n) and site_of(n), and p[n] its
+// payload (p[n] is {0, 0} for the others). Every poll loads all the lines
+// still awaited with back-to-back instructions, so lines that arrive
+// together cost one load latency instead of kParts. Bounded as WaitLine: one
+// WaitBound ticked per poll with the site of the first line still awaited; a
+// foreign line reports at once. src_of and site_of are called with n known
+// at compile time (loops unrolled) and site_of only on the way to a report.
+template <int kParts, typename SrcOf, typename SiteOf>
+__device__ __forceinline__ void WaitLines(const PeerTable* pt, SrcOf src_of, uint32_t active,
+                                          uint32_t flag, SiteOf site_of, uint2 (&p)[kParts]) {
+  static_assert(kParts >= 1 && kParts <= 32, "one bit per line");
+  uint32_t awaited = active;
+#pragma unroll
+  for (int n = 0; n < kParts; ++n) p[n] = uint2{0u, 0u};
+  WaitBound bound;
+  bool first_poll = true;
+  while (true) {
+    uint4 v[kParts];
+#pragma unroll
+    for (int n = 0; n < kParts; ++n) {
+      if ((awaited >> n) & 1u) v[n] = LoadLine(src_of(n));
+    }
+    int late = -1;
+#pragma unroll
+    for (int n = 0; n < kParts; ++n) {
+      if ((awaited >> n) & 1u) {
+        if (LineReady(v[n], flag)) {
+          p[n] = LinePayload(v[n]);
+          awaited &= ~(1u << n);
+        } else {
+          if (!first_poll && LineForeign(v[n], flag)) {
+            ReportAndTrap(pt, site_of(n), kErrorForeignSignature, LineReportFlags(flag, v[n]),
+                          bound.Waited());
+          }
+          if (late < 0) late = n;
+        }
+      }
+    }
+    if (awaited == 0u) return;
+    if (!first_poll) {
+#pragma unroll
+      for (int n = 0; n < kParts; ++n) {
+        if (n == late) bound.Tick(pt, site_of(n), LineReportFlags(flag, v[n]));
+      }
+    }
+    first_poll = false;
+  }
+}
+
 }  // namespace llar
 
 #endif  // LLAR_WAIT_CUH_

@@ -171,28 +171,58 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
   const int half = HalfOf(epoch);
   const TwoShotChunk mine = TwoShotChunkOf(lines, world, rank);
 
+  // Steps a thread handles together (kBatch): for a number of ranks known at
+  // compile time, as many of the steps the region holds as keep a batch at
+  // kMaxBatchParts lines (registers); one otherwise. Within a batch every
+  // load is issued before the stores and waits that need it (one load
+  // latency per batch, not per step).
+  constexpr int kPeers = kWorld > 0 ? kWorld - 1 : 1;
+  constexpr int kMaxBatchParts = 8;
+  constexpr int kMaxSteps = kWorld > 0 ? static_cast<int>(TwoShotMaxSteps(kWorld)) : 1;
+  constexpr int kBatch = kWorld == 0               ? 1
+                         : kMaxBatchParts / kPeers < 1 ? 1
+                         : kMaxBatchParts / kPeers < kMaxSteps ? kMaxBatchParts / kPeers
+                                                             : kMaxSteps;
+  // Line n = b * kPeers + k - 1 of a batch: step s0 + b, peer k.
+  const auto index_of = [&](int s0, int n) {
+    return first + static_cast<uint32_t>(s0 + n / kPeers) * threads + t;
+  };
+  const auto in_block = [&](int s0, int n) {
+    return static_cast<uint32_t>(s0 + n / kPeers) * threads + t < per_block;
+  };
+
   // 1. Reduce-scatter: line start(q) + i of the input to its owner q.
-  for (int s = 0; s < steps; ++s) {
-    const uint32_t j = static_cast<uint32_t>(s) * threads + t;
-    if (j >= per_block) break;
-    const uint32_t i = first + j;
-    const uint32_t off = TwoShotOffset(s, half, kTwoShotReduceScatter, world, rank, block, t);
+  for (int s0 = 0; s0 < steps; s0 += kBatch) {
     if constexpr (kWorld > 0) {
       // Every load first, then every store: a store (volatile, ll.cuh) would
       // otherwise keep the next load from being issued before it.
-      uint2 v[kWorld - 1];
+      uint2 v[kBatch * kPeers];
 #pragma unroll
-      for (int k = 1; k < kWorld; ++k) {
-        const TwoShotChunk c = TwoShotChunkOf(lines, kWorld, internal::PeerAt(rank, k, kWorld));
-        v[k - 1] = i < c.lines ? LoadPayload(a.in, a.n_bytes, a.vector_lines, c.start + i)
-                               : uint2{0u, 0u};
+      for (int n = 0; n < kBatch * kPeers; ++n) {
+        const TwoShotChunk c =
+            TwoShotChunkOf(lines, kWorld, internal::PeerAt(rank, n % kPeers + 1, kWorld));
+        const uint32_t i = index_of(s0, n);
+        v[n] = in_block(s0, n) && i < c.lines
+                   ? LoadPayload(a.in, a.n_bytes, a.vector_lines, c.start + i)
+                   : uint2{0u, 0u};
       }
 #pragma unroll
-      for (int k = 1; k < kWorld; ++k) {
+      for (int n = 0; n < kBatch * kPeers; ++n) {
+        const int k = n % kPeers + 1;
         const int q = internal::PeerAt(rank, k, kWorld);
-        if (i < TwoShotChunkOf(lines, kWorld, q).lines) StoreLine(peer(k, q) + off, v[k - 1], flag);
+        const uint32_t i = index_of(s0, n);
+        if (in_block(s0, n) && i < TwoShotChunkOf(lines, kWorld, q).lines) {
+          StoreLine(peer(k, q) +
+                        TwoShotOffset(s0 + n / kPeers, half, kTwoShotReduceScatter, world, rank,
+                                      block, t),
+                    v[n], flag);
+        }
       }
     } else {
+      const uint32_t j = static_cast<uint32_t>(s0) * threads + t;
+      if (j >= per_block) break;
+      const uint32_t i = first + j;
+      const uint32_t off = TwoShotOffset(s0, half, kTwoShotReduceScatter, world, rank, block, t);
       for (int k = 1; k < world; ++k) {
         const int q = internal::PeerAt(rank, k, world);
         const TwoShotChunk c = TwoShotChunkOf(lines, world, q);
@@ -207,47 +237,131 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
   __syncwarp();
   if (t % kWarpSize == 0) *counter = epoch + 1;
 
-  // 2. Reduce this rank's chunk in rank order; keep it and send it to every peer.
-  for (int s = 0; s < steps; ++s) {
-    const uint32_t j = static_cast<uint32_t>(s) * threads + t;
-    const uint32_t i = first + j;
-    if (j >= per_block || i >= mine.lines) break;
-    const uint32_t line = mine.start + i;
-    const uint2 own_part = LoadPayload(a.in, a.n_bytes, a.vector_lines, line);
-    RankOrderSum<T, AccumulatorFor<T, kWorld>> sum;
-#pragma unroll kUnroll
-    for (int src = 0; src < world; ++src) {
-      uint2 p = own_part;
-      if (src != rank) {
-        p = WaitLine(pt, own + TwoShotOffset(s, half, kTwoShotReduceScatter, world, src, block, t),
-                     flag, WaitSite{rank, src, block, static_cast<int32_t>(line), epoch});
+  // 2. Reduce this rank's chunk in rank order; keep it and send it to every
+  // peer. The own lines of a batch are loaded, and the peers' lines of it
+  // awaited (WaitLines), before the first sum.
+  for (int s0 = 0; s0 < steps; s0 += kBatch) {
+    if constexpr (kWorld > 0) {
+      uint2 own_part[kBatch];
+      uint32_t act = 0u;  // bit n: line n of the batch is in this rank's chunk
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const uint32_t i = index_of(s0, b * kPeers);
+        const bool on = in_block(s0, b * kPeers) && i < mine.lines;
+        own_part[b] =
+            on ? LoadPayload(a.in, a.n_bytes, a.vector_lines, mine.start + i) : uint2{0u, 0u};
+#pragma unroll
+        for (int k = 1; k <= kPeers; ++k) act |= static_cast<uint32_t>(on) << (b * kPeers + k - 1);
       }
-      sum.Add(src, p);
-    }
-    const uint2 reduced = sum.Result();
-    StorePayload(a.out, a.n_bytes, a.vector_lines, line, reduced);
-    const uint32_t off = TwoShotOffset(s, half, kTwoShotAllGather, world, rank, block, t);
-#pragma unroll kUnroll
-    for (int k = 1; k < world; ++k) {
-      StoreLine(peer(k, internal::PeerAt(rank, k, world)) + off, reduced, flag);
+      const auto src_of = [&](int n) {
+        return own + TwoShotOffset(s0 + n / kPeers, half, kTwoShotReduceScatter, world,
+                                   internal::PeerAt(rank, n % kPeers + 1, kWorld), block, t);
+      };
+      const auto site_of = [&](int n) {
+        return WaitSite{rank, internal::PeerAt(rank, n % kPeers + 1, kWorld), block,
+                        static_cast<int32_t>(mine.start + index_of(s0, n)), epoch};
+      };
+      uint2 got[kBatch * kPeers];
+      WaitLines<kBatch * kPeers>(pt, src_of, act, flag, site_of, got);
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (!((act >> (b * kPeers)) & 1u)) continue;
+        const uint32_t line = mine.start + index_of(s0, b * kPeers);
+        RankOrderSum<T, AccumulatorFor<T, kWorld>> sum;
+#pragma unroll
+        for (int src = 0; src < kWorld; ++src) {
+          uint2 p = own_part[b];
+          if (src != rank) {
+            // Peer src is k = (src - rank) mod world after rank; picked by
+            // compare, not by index (a run-time index would move the array
+            // to local memory).
+            const int k = src > rank ? src - rank : src + kWorld - rank;
+            p = got[b * kPeers];
+#pragma unroll
+            for (int kk = 2; kk <= kPeers; ++kk) {
+              if (kk == k) p = got[b * kPeers + kk - 1];
+            }
+          }
+          sum.Add(src, p);
+        }
+        const uint2 reduced = sum.Result();
+        StorePayload(a.out, a.n_bytes, a.vector_lines, line, reduced);
+        const uint32_t off =
+            TwoShotOffset(s0 + b, half, kTwoShotAllGather, world, rank, block, t);
+#pragma unroll
+        for (int k = 1; k < kWorld; ++k) {
+          StoreLine(peer(k, internal::PeerAt(rank, k, kWorld)) + off, reduced, flag);
+        }
+      }
+    } else {
+      const uint32_t j = static_cast<uint32_t>(s0) * threads + t;
+      const uint32_t i = first + j;
+      if (j >= per_block || i >= mine.lines) break;
+      const uint32_t line = mine.start + i;
+      const uint2 own_part = LoadPayload(a.in, a.n_bytes, a.vector_lines, line);
+      RankOrderSum<T, AccumulatorFor<T, kWorld>> sum;
+      for (int src = 0; src < world; ++src) {
+        uint2 p = own_part;
+        if (src != rank) {
+          p = WaitLine(pt,
+                       own + TwoShotOffset(s0, half, kTwoShotReduceScatter, world, src, block, t),
+                       flag, WaitSite{rank, src, block, static_cast<int32_t>(line), epoch});
+        }
+        sum.Add(src, p);
+      }
+      const uint2 reduced = sum.Result();
+      StorePayload(a.out, a.n_bytes, a.vector_lines, line, reduced);
+      const uint32_t off = TwoShotOffset(s0, half, kTwoShotAllGather, world, rank, block, t);
+      for (int k = 1; k < world; ++k) {
+        StoreLine(peer(k, internal::PeerAt(rank, k, world)) + off, reduced, flag);
+      }
     }
   }
 
-  // 3. All-gather: every peer's reduced chunk, into the output.
-  for (int s = 0; s < steps; ++s) {
-    const uint32_t j = static_cast<uint32_t>(s) * threads + t;
-    if (j >= per_block) break;
-    const uint32_t i = first + j;
-#pragma unroll kUnroll
-    for (int k = 1; k < world; ++k) {
-      const int q = internal::PeerAt(rank, k, world);
-      const TwoShotChunk c = TwoShotChunkOf(lines, world, q);
-      if (i < c.lines) {
-        const uint32_t line = c.start + i;
-        const uint2 p =
-            WaitLine(pt, own + TwoShotOffset(s, half, kTwoShotAllGather, world, q, block, t),
-                     flag, WaitSite{rank, q, block, static_cast<int32_t>(line), epoch});
-        StorePayload(a.out, a.n_bytes, a.vector_lines, line, p);
+  // 3. All-gather: every peer's reduced chunk, into the output; the lines of
+  // a batch awaited together.
+  for (int s0 = 0; s0 < steps; s0 += kBatch) {
+    if constexpr (kWorld > 0) {
+      const auto chunk_of = [&](int n) {
+        return TwoShotChunkOf(lines, kWorld, internal::PeerAt(rank, n % kPeers + 1, kWorld));
+      };
+      uint32_t act = 0u;
+#pragma unroll
+      for (int n = 0; n < kBatch * kPeers; ++n) {
+        act |= static_cast<uint32_t>(in_block(s0, n) && index_of(s0, n) < chunk_of(n).lines)
+               << n;
+      }
+      const auto src_of = [&](int n) {
+        return own + TwoShotOffset(s0 + n / kPeers, half, kTwoShotAllGather, world,
+                                   internal::PeerAt(rank, n % kPeers + 1, kWorld), block, t);
+      };
+      const auto site_of = [&](int n) {
+        return WaitSite{rank, internal::PeerAt(rank, n % kPeers + 1, kWorld), block,
+                        static_cast<int32_t>(chunk_of(n).start + index_of(s0, n)), epoch};
+      };
+      uint2 got[kBatch * kPeers];
+      WaitLines<kBatch * kPeers>(pt, src_of, act, flag, site_of, got);
+#pragma unroll
+      for (int n = 0; n < kBatch * kPeers; ++n) {
+        if ((act >> n) & 1u) {
+          StorePayload(a.out, a.n_bytes, a.vector_lines, chunk_of(n).start + index_of(s0, n),
+                       got[n]);
+        }
+      }
+    } else {
+      const uint32_t j = static_cast<uint32_t>(s0) * threads + t;
+      if (j >= per_block) break;
+      const uint32_t i = first + j;
+      for (int k = 1; k < world; ++k) {
+        const int q = internal::PeerAt(rank, k, world);
+        const TwoShotChunk c = TwoShotChunkOf(lines, world, q);
+        if (i < c.lines) {
+          const uint32_t line = c.start + i;
+          const uint2 p =
+              WaitLine(pt, own + TwoShotOffset(s0, half, kTwoShotAllGather, world, q, block, t),
+                       flag, WaitSite{rank, q, block, static_cast<int32_t>(line), epoch});
+          StorePayload(a.out, a.n_bytes, a.vector_lines, line, p);
+        }
       }
     }
   }

@@ -148,39 +148,65 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
   const uint32_t signature = a.signature;
   const int half = HalfOf(epoch);
   const TwoShotChunk mine = TwoShotChunkOf(lines, world, rank);
+  // Steps one thread handles together (kBatch): for a number of ranks known
+  // at compile time, as many of the steps the region holds as keep the
+  // batched waits at kMaxBatchParts parts (registers: 4 words per part, no
+  // spill for 2, 4 or 8 ranks); one otherwise.
+  constexpr int kPeers = kWorld > 0 ? kWorld - 1 : 1;  // per step in the batched waits
+  constexpr int kMaxBatchParts = 8;
+  constexpr int kMaxSteps = kWorld > 0 ? static_cast<int>(TwoShotLL128MaxSteps(kWorld)) : 1;
+  constexpr int kBatch = kWorld == 0               ? 1
+                         : kMaxBatchParts / kPeers < 1 ? 1
+                         : kMaxBatchParts / kPeers < kMaxSteps ? kMaxBatchParts / kPeers
+                                                             : kMaxSteps;
 
-  // 1. Reduce-scatter: line start(q) + i of the input to its owner q.
-  for (int s = 0; s < steps; ++s) {
-    const uint32_t j = static_cast<uint32_t>(s) * slots + slot;
-    const uint32_t i = first + j;
-    const bool in_block = j < per_block;
-    const uint32_t off =
-        TwoShotLL128Offset(s, half, kTwoShotReduceScatter, world, rank, block, slot) +
-        part_offset;
+  // 1. Reduce-scatter: line start(q) + i of the input to its owner q. A
+  // thread's loads of kBatch steps are issued before their stores (one load
+  // latency per batch, not per step).
+  for (int s0 = 0; s0 < steps; s0 += kBatch) {
     if constexpr (kWorld > 0) {
-      // Every load first, then every store (as two_shot_ll.cuh).
-      two_shot_ll128::Units v[kWorld - 1];
+      two_shot_ll128::Units v[kBatch][kWorld - 1];
 #pragma unroll
-      for (int k = 1; k < kWorld; ++k) {
-        const TwoShotChunk c = TwoShotChunkOf(lines, kWorld, internal::PeerAt(rank, k, kWorld));
-        v[k - 1] = in_block && i < c.lines
-                       ? two_shot_ll128::LoadUnits(a, c.start + i, flag_lane, first_unit)
-                       : two_shot_ll128::Units{{0u, 0u}, {0u, 0u}};
+      for (int b = 0; b < kBatch; ++b) {
+        const uint32_t j = static_cast<uint32_t>(s0 + b) * slots + slot;
+        const uint32_t i = first + j;
+#pragma unroll
+        for (int k = 1; k < kWorld; ++k) {
+          const TwoShotChunk c =
+              TwoShotChunkOf(lines, kWorld, internal::PeerAt(rank, k, kWorld));
+          v[b][k - 1] = j < per_block && i < c.lines
+                            ? two_shot_ll128::LoadUnits(a, c.start + i, flag_lane, first_unit)
+                            : two_shot_ll128::Units{{0u, 0u}, {0u, 0u}};
+        }
       }
       __syncwarp();  // the 8 lanes of a line store it with one instruction
 #pragma unroll
-      for (int k = 1; k < kWorld; ++k) {
-        const int q = internal::PeerAt(rank, k, kWorld);
-        if (in_block && i < TwoShotChunkOf(lines, kWorld, q).lines) {
-          StoreLL128Part(peer(k) + off, v[k - 1].u0,
-                         flag_lane ? uint2{flag, signature} : v[k - 1].u1);
+      for (int b = 0; b < kBatch; ++b) {
+        const int s = s0 + b;
+        const uint32_t j = static_cast<uint32_t>(s) * slots + slot;
+        const uint32_t i = first + j;
+        const uint32_t off =
+            TwoShotLL128Offset(s, half, kTwoShotReduceScatter, world, rank, block, slot) +
+            part_offset;
+#pragma unroll
+        for (int k = 1; k < kWorld; ++k) {
+          const int q = internal::PeerAt(rank, k, kWorld);
+          if (j < per_block && i < TwoShotChunkOf(lines, kWorld, q).lines) {
+            StoreLL128Part(peer(k) + off, v[b][k - 1].u0,
+                           flag_lane ? uint2{flag, signature} : v[b][k - 1].u1);
+          }
         }
       }
     } else {
+      const uint32_t j = static_cast<uint32_t>(s0) * slots + slot;
+      const uint32_t i = first + j;
+      const uint32_t off =
+          TwoShotLL128Offset(s0, half, kTwoShotReduceScatter, world, rank, block, slot) +
+          part_offset;
       for (int k = 1; k < world; ++k) {
         const int q = internal::PeerAt(rank, k, world);
         const TwoShotChunk c = TwoShotChunkOf(lines, world, q);
-        const bool act = in_block && i < c.lines;
+        const bool act = j < per_block && i < c.lines;
         two_shot_ll128::Units v{{0u, 0u}, {0u, 0u}};
         if (act) v = two_shot_ll128::LoadUnits(a, c.start + i, flag_lane, first_unit);
         __syncwarp();
@@ -193,60 +219,144 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
   if (t % kWarpSize == 0) *counter = epoch + 1;
 
   // 2. Reduce this rank's chunk in rank order; keep it and send it to every
-  // peer. Every lane runs every step (the waits are warp-collective).
-  for (int s = 0; s < steps; ++s) {
-    const uint32_t j = static_cast<uint32_t>(s) * slots + slot;
-    const uint32_t i = first + j;
-    const bool act = j < per_block && i < mine.lines;
-    const uint32_t line = mine.start + i;
-    two_shot_ll128::Units own_part{{0u, 0u}, {0u, 0u}};
-    if (act) own_part = two_shot_ll128::LoadUnits(a, line, flag_lane, first_unit);
-    RankOrderSum<T, AccumulatorFor<T, kWorld>> sum0, sum1;
-#pragma unroll kUnroll
-    for (int src = 0; src < world; ++src) {
-      uint2 p0 = own_part.u0, p1 = own_part.u1;
-      if (src != rank) {
-        const uint4 v = WaitLL128Part(
-            pt,
-            own + TwoShotLL128Offset(s, half, kTwoShotReduceScatter, world, src, block, slot) +
-                part_offset,
-            act, flag, signature, WaitSite{rank, src, block, static_cast<int32_t>(line), epoch});
-        p0 = LL128Unit0(v);
-        p1 = LL128Unit1(v);
-      }
-      sum0.Add(src, p0);
-      sum1.Add(src, p1);  // the flag lane's is unused
+  // peer. Every lane runs every step (the waits are warp-collective); the
+  // own parts of kBatch steps are loaded, and their peers' lines awaited,
+  // together (WaitLL128Parts).
+  for (int s0 = 0; s0 < steps; s0 += kBatch) {
+    two_shot_ll128::Units own_part[kBatch];
+    uint32_t act = 0u;  // bit b: step s0 + b has a line of this rank's chunk
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const uint32_t j = static_cast<uint32_t>(s0 + b) * slots + slot;
+      const uint32_t i = first + j;
+      const bool on = j < per_block && i < mine.lines;
+      act |= static_cast<uint32_t>(on) << b;
+      own_part[b] = on ? two_shot_ll128::LoadUnits(a, mine.start + i, flag_lane, first_unit)
+                       : two_shot_ll128::Units{{0u, 0u}, {0u, 0u}};
     }
-    const uint2 r0 = sum0.Result(), r1 = sum1.Result();
-    if (act) two_shot_ll128::StoreUnits(a, line, flag_lane, first_unit, r0, r1);
-    const uint32_t off =
-        TwoShotLL128Offset(s, half, kTwoShotAllGather, world, rank, block, slot) + part_offset;
-    const uint2 second = flag_lane ? uint2{flag, signature} : r1;
-    __syncwarp();
-    if (act) {
+    uint4 got[kBatch * kPeers];
+    if constexpr (kWorld > 0) {
+      // Part n = b * kPeers + k - 1: step s0 + b's line from peer k.
+      uint32_t awaited = 0u;
+#pragma unroll
+      for (int n = 0; n < kBatch * kPeers; ++n) awaited |= ((act >> (n / kPeers)) & 1u) << n;
+      const auto src_of = [&](int n) {
+        return own +
+               TwoShotLL128Offset(s0 + n / kPeers, half, kTwoShotReduceScatter, world,
+                                  internal::PeerAt(rank, n % kPeers + 1, kWorld), block, slot) +
+               part_offset;
+      };
+      const auto site_of = [&](int n) {
+        const uint32_t i = first + static_cast<uint32_t>(s0 + n / kPeers) * slots + slot;
+        return WaitSite{rank, internal::PeerAt(rank, n % kPeers + 1, kWorld), block,
+                        static_cast<int32_t>(mine.start + i), epoch};
+      };
+      WaitLL128Parts<kBatch * kPeers>(pt, src_of, awaited, flag, signature, site_of, got);
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int s = s0 + b;
+      const uint32_t i = first + static_cast<uint32_t>(s) * slots + slot;
+      const uint32_t line = mine.start + i;
+      RankOrderSum<T, AccumulatorFor<T, kWorld>> sum0, sum1;
 #pragma unroll kUnroll
-      for (int k = 1; k < world; ++k) StoreLL128Part(peer(k) + off, r0, second);
+      for (int src_rank = 0; src_rank < world; ++src_rank) {
+        uint2 p0 = own_part[b].u0, p1 = own_part[b].u1;
+        if (src_rank != rank) {
+          uint4 v;
+          if constexpr (kWorld > 0) {
+            // Peer src_rank is k = (src_rank - rank) mod world after rank;
+            // picked by compare, not by index (an index not known at compile
+            // time would move the array to local memory).
+            const int k = src_rank > rank ? src_rank - rank : src_rank + kWorld - rank;
+            v = got[b * kPeers];
+#pragma unroll
+            for (int kk = 2; kk <= kPeers; ++kk) {
+              if (kk == k) v = got[b * kPeers + (kk - 1)];
+            }
+          } else {
+            v = WaitLL128Part(
+                pt,
+                own +
+                    TwoShotLL128Offset(s, half, kTwoShotReduceScatter, world, src_rank, block,
+                                       slot) +
+                    part_offset,
+                (act >> b) & 1u, flag, signature,
+                WaitSite{rank, src_rank, block, static_cast<int32_t>(line), epoch});
+          }
+          p0 = LL128Unit0(v);
+          p1 = LL128Unit1(v);
+        }
+        sum0.Add(src_rank, p0);
+        sum1.Add(src_rank, p1);  // the flag lane's is unused
+      }
+      const uint2 r0 = sum0.Result(), r1 = sum1.Result();
+      const bool on = (act >> b) & 1u;
+      if (on) two_shot_ll128::StoreUnits(a, line, flag_lane, first_unit, r0, r1);
+      const uint32_t off =
+          TwoShotLL128Offset(s, half, kTwoShotAllGather, world, rank, block, slot) + part_offset;
+      const uint2 second = flag_lane ? uint2{flag, signature} : r1;
+      __syncwarp();
+      if (on) {
+#pragma unroll kUnroll
+        for (int k = 1; k < world; ++k) StoreLL128Part(peer(k) + off, r0, second);
+      }
     }
   }
 
-  // 3. All-gather: every peer's reduced chunk, into the output.
-  for (int s = 0; s < steps; ++s) {
-    const uint32_t j = static_cast<uint32_t>(s) * slots + slot;
-    const uint32_t i = first + j;
-    const bool in_block = j < per_block;
-#pragma unroll kUnroll
-    for (int k = 1; k < world; ++k) {
-      const int q = internal::PeerAt(rank, k, world);
-      const TwoShotChunk c = TwoShotChunkOf(lines, world, q);
-      const bool act = in_block && i < c.lines;
-      const uint32_t line = c.start + i;
-      const uint4 v = WaitLL128Part(
-          pt,
-          own + TwoShotLL128Offset(s, half, kTwoShotAllGather, world, q, block, slot) +
-              part_offset,
-          act, flag, signature, WaitSite{rank, q, block, static_cast<int32_t>(line), epoch});
-      if (act) two_shot_ll128::StoreUnits(a, line, flag_lane, first_unit, LL128Unit0(v),
-                                          LL128Unit1(v));
+  // 3. All-gather: every peer's reduced chunk, into the output; the lines of
+  // kBatch steps from every peer awaited together.
+  for (int s0 = 0; s0 < steps; s0 += kBatch) {
+    if constexpr (kWorld > 0) {
+      // Part n = b * kPeers + k - 1: step s0 + b's line of peer k's chunk.
+      const auto index_of = [&](int n) {
+        return first + static_cast<uint32_t>(s0 + n / kPeers) * slots + slot;
+      };
+      const auto chunk_of = [&](int n) {
+        return TwoShotChunkOf(lines, kWorld, internal::PeerAt(rank, n % kPeers + 1, kWorld));
+      };
+      uint32_t act = 0u;
+#pragma unroll
+      for (int n = 0; n < kBatch * kPeers; ++n) {
+        const uint32_t j = static_cast<uint32_t>(s0 + n / kPeers) * slots + slot;
+        act |= static_cast<uint32_t>(j < per_block && index_of(n) < chunk_of(n).lines) << n;
+      }
+      const auto src_of = [&](int n) {
+        return own +
+               TwoShotLL128Offset(s0 + n / kPeers, half, kTwoShotAllGather, world,
+                                  internal::PeerAt(rank, n % kPeers + 1, kWorld), block, slot) +
+               part_offset;
+      };
+      const auto site_of = [&](int n) {
+        return WaitSite{rank, internal::PeerAt(rank, n % kPeers + 1, kWorld), block,
+                        static_cast<int32_t>(chunk_of(n).start + index_of(n)), epoch};
+      };
+      uint4 got[kBatch * kPeers];
+      WaitLL128Parts<kBatch * kPeers>(pt, src_of, act, flag, signature, site_of, got);
+#pragma unroll
+      for (int n = 0; n < kBatch * kPeers; ++n) {
+        if ((act >> n) & 1u) {
+          two_shot_ll128::StoreUnits(a, chunk_of(n).start + index_of(n), flag_lane, first_unit,
+                                     LL128Unit0(got[n]), LL128Unit1(got[n]));
+        }
+      }
+    } else {
+      const uint32_t j = static_cast<uint32_t>(s0) * slots + slot;
+      const uint32_t i = first + j;
+      for (int k = 1; k < world; ++k) {
+        const int q = internal::PeerAt(rank, k, world);
+        const TwoShotChunk c = TwoShotChunkOf(lines, world, q);
+        const bool on = j < per_block && i < c.lines;
+        const uint4 v = WaitLL128Part(
+            pt,
+            own + TwoShotLL128Offset(s0, half, kTwoShotAllGather, world, q, block, slot) +
+                part_offset,
+            on, flag, signature, WaitSite{rank, q, block, static_cast<int32_t>(c.start + i), epoch});
+        if (on) {
+          two_shot_ll128::StoreUnits(a, c.start + i, flag_lane, first_unit, LL128Unit0(v),
+                                     LL128Unit1(v));
+        }
+      }
     }
   }
   if (MustRezero(epoch)) two_shot_ll128::RezeroParts(own, half, world, block, slot, part);
