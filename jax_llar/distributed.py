@@ -29,21 +29,30 @@ coordinator):
    not allocate must not leave the others waiting inside NCCL: after its
    local allocations each process posts its outcome, reads the others', and
    all enter ``ncclCommWindowRegister`` only when all allocated
-   (`region_agreement`; registry.h: ``RegionAgreement``).
+   (`region_agreement`; registry.h: ``RegionAgreement``). A registration
+   that then fails or does not complete in time makes that process give up
+   the whole set (its regions withdrawn, its communicators aborted; the
+   others' registrations then fail too; registry.h: ``EnsureRegion``).
 
 Each step ends in one **verdict** per key of the store (`verdict`): the
 first proposal written wins and every process acts on it, so a process that
 saw every post (GO) and one whose reads timed out (its refusal) never act
 differently: a late process does not enter a collective call that an early
-one gave up on. Every read of the store is bounded (`bootstrap_timeout_ms`);
-a refused set is a ``CommError`` and a fallback to ``lax.psum`` in every
-process, and a lowering whose decision inputs changed after the agreement
-refuses (jax_llar.lowering). What is not bounded: NCCL's own collective
-calls, once entered (a process that dies inside ``ncclCommInitRank`` leaves
-the others waiting there); after them, the kernels' bounded wait turns a
+one gave up on. Every read of the store is bounded (`bootstrap_timeout_ms`),
+and so is every collective NCCL call of the set-up, with the same bound:
+the native code creates the communicators non-blocking and gives each
+collective step (``ncclCommInitRank``, ``ncclDevCommCreate``,
+``ncclCommWindowRegister``) at most that long for the other processes,
+then aborts its communicators (``ncclCommAbort``) and frees what it made,
+so a process that died or never arrived turns into an error naming the
+step ("ncclCommInitRank did not complete within N ms ..."). A refused set
+is a ``CommError`` and a fallback to ``lax.psum`` in every process, and a
+lowering whose decision inputs changed after the agreement refuses
+(jax_llar.lowering). After the set-up, the kernels' bounded wait turns a
 missing peer into the bounded-wait error (docs/multiprocess.md).
 
-NCCL API: ``ncclGetUniqueId``, ``ncclCommInitRank``, ``ncclDevCommCreate``,
+NCCL API: ``ncclGetUniqueId``, ``ncclCommInitRankConfig`` (non-blocking),
+``ncclCommGetAsyncError``, ``ncclCommAbort``, ``ncclDevCommCreate``,
 ``ncclMemAlloc`` + ``ncclCommWindowRegister`` (symmetric memory across
 processes of one node).
 """
@@ -255,12 +264,17 @@ def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], 
   """Steps 1 and 2 of the module docstring for the set of `groups` (each a
   list of (process index, global device id) in rank order; `ordinals` maps
   this process's device ids to CUDA ordinals): returns (comm id, the global
-  index of each local group, in the set's order).
+  index of each local group, in the set's order). `timeout_ns` is the
+  kernels' bounded wait; `timeout_ms` (default `bootstrap_timeout_ms`)
+  bounds every read of the store and every collective step of the native
+  creation (its ``setup_timeout_ms``).
 
   Raises:
     SpanError: hosts or decision inputs differ, a process did not arrive in
-      time, or the creation failed in some process (the same outcome in
-      every process that got that far).
+      time, or the creation failed in some process, a collective step that
+      did not complete within `timeout_ms` included (the same outcome in
+      every process that got that far: "creating the communicators failed
+      in process P: ...").
   """
   timeout_ms = bootstrap_timeout_ms() if timeout_ms is None else timeout_ms
   key = set_key(groups)
@@ -291,7 +305,7 @@ def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], 
     order.append(gi)
   comm_id, error = 0, ""
   try:
-    comm_id = mod.create_comm_set_of_ranks(specs, timeout_ns)
+    comm_id = mod.create_comm_set_of_ranks(specs, timeout_ns, setup_timeout_ms=timeout_ms)
   except RuntimeError as e:
     error = str(e) or "failed"
   def judge(outcomes: dict[int, str]) -> str:

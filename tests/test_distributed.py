@@ -47,17 +47,25 @@ class Store:
 
 
 class Native:
-  """What distributed.create calls of jax_llar._llar, for one process."""
+  """What distributed.create calls of jax_llar._llar, for one process.
+  With `entered`/`release`, the creation sets `entered` and then waits for
+  `release` (a process stuck inside NCCL's set-up)."""
 
-  def __init__(self, fail=None):
+  def __init__(self, fail=None, entered=None, release=None):
     self.fail = fail
     self.specs = None
+    self.setup_timeout_ms = None
+    self.entered, self.release = entered, release
 
   def nccl_unique_id(self):
     return os.urandom(128)
 
-  def create_comm_set_of_ranks(self, specs, timeout_ns):
-    assert timeout_ns > 0
+  def create_comm_set_of_ranks(self, specs, timeout_ns, setup_timeout_ms):
+    assert timeout_ns > 0 and setup_timeout_ms > 0
+    self.setup_timeout_ms = setup_timeout_ms
+    if self.entered is not None:
+      self.entered.set()
+      assert self.release.wait(60)
     if self.fail:
       raise RuntimeError(self.fail)
     self.specs = specs
@@ -131,6 +139,19 @@ def test_f10_groups_across_nodes_are_refused_alike_in_every_process():
   assert all(isinstance(e, distributed.SpanError) for e in out.values())
   assert str(out[0]) == str(out[1]) and "spans 2 nodes" in str(out[0])
   assert not any("/uid/" in k for k in kv.values)  # no communicator was started
+
+
+def test_f10_the_native_set_up_gets_the_store_bound():
+  """Every collective NCCL step of the creation is bounded by the same
+  bound as the store's reads (the native ``setup_timeout_ms``)."""
+  natives = {0: Native(), 1: Native()}
+  _run([[(0, 0), (1, 1)]], {0: _record(), 1: _record()}, natives, timeout_ms=4321)
+  assert natives[0].setup_timeout_ms == natives[1].setup_timeout_ms == 4321
+  # Without a bound given, both are bootstrap_timeout_ms() (here for a set
+  # of one process, which waits for nobody).
+  native = Native()
+  distributed.create(native, Store(), [[(0, 0), (0, 1)]], 0, _record(), 1000, {0: 0, 1: 1})
+  assert native.setup_timeout_ms == distributed.bootstrap_timeout_ms() >= 60_000
 
 
 def test_f10_different_decision_inputs_are_refused_alike_naming_them():

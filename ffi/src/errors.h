@@ -41,10 +41,22 @@ class DeviceGuard {
   int prev_ = 0;
 };
 
+// CheckNccl for a call on a non-blocking communicator (ncclConfig_t::blocking
+// = 0): ncclInProgress means that NCCL took the work and goes on with it in a
+// thread of its own, which is not a failure here. Whoever calls it must wait
+// for that work (registry.cc: AwaitComms) before reading anything the call
+// writes.
+inline void CheckNcclStarted(ncclResult_t r, const char* what) {
+  if (r != ncclInProgress) CheckNccl(r, what);
+}
+
 // Runs `calls` between ncclGroupStart and ncclGroupEnd. The group is closed
 // even when a call throws, so a failed set-up leaves no open NCCL group.
+// With `nonblocking` (the group's communicators are non-blocking),
+// ncclGroupEnd may answer ncclInProgress: the grouped work then continues in
+// NCCL's thread, and the caller must wait for it (CheckNcclStarted).
 template <typename F>
-void GroupedCalls(const char* what, F&& calls) {
+void GroupedCalls(const char* what, F&& calls, bool nonblocking = false) {
   CheckNccl(ncclGroupStart(), "ncclGroupStart");
   try {
     calls();
@@ -52,7 +64,12 @@ void GroupedCalls(const char* what, F&& calls) {
     ncclGroupEnd();
     throw;
   }
-  CheckNccl(ncclGroupEnd(), what);
+  const ncclResult_t r = ncclGroupEnd();
+  if (nonblocking) {
+    CheckNcclStarted(r, what);
+  } else {
+    CheckNccl(r, what);
+  }
 }
 
 }  // namespace llar

@@ -56,23 +56,28 @@ NB_MODULE(_llar, m) {
       "create_comm_set_of_ranks",
       [](const std::vector<std::tuple<int, std::vector<int>, std::vector<int>, nb::bytes>>&
              groups,
-         uint64_t timeout_ns) {
+         uint64_t timeout_ns, uint64_t setup_timeout_ms) {
         std::vector<llar::GroupSpec> specs;
         for (const auto& [world, ranks, ordinals, unique_id] : groups) {
           specs.push_back({world, ranks, ordinals,
                            std::string(static_cast<const char*>(unique_id.data()),
                                        unique_id.size())});
         }
+        // Released while NCCL waits for the other processes (up to the bound).
         nb::gil_scoped_release release;
-        return llar::CreateCommSetOfRanks(specs, timeout_ns);
+        return llar::CreateCommSetOfRanks(specs, timeout_ns, setup_timeout_ms);
       },
-      nb::arg("groups"), nb::arg("timeout_ns"),
+      nb::arg("groups"), nb::arg("timeout_ns"), nb::arg("setup_timeout_ms"),
       "Creates a communicator set whose groups may span processes: one tuple "
       "(world, ranks, ordinals, unique_id) per group, with this process's ranks "
       "(ascending) and their local CUDA ordinals, and the group's NCCL unique id "
       "(128 bytes; empty when this process holds every rank). Collective over "
-      "each group's processes. Returns the communicator-set id. Raises "
-      "RuntimeError on failure.");
+      "each group's processes; each collective set-up step of a spanning group "
+      "(here and in ensure_region) waits at most `setup_timeout_ms` "
+      "milliseconds for the other processes (> 0 when a group spans "
+      "processes). Returns the communicator-set id. Raises RuntimeError on "
+      "failure (a step that did not complete in time included), after "
+      "releasing what it created.");
   m.def(
       "nccl_unique_id",
       []() {

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -15,6 +17,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "errors.h"
 #include "kernels/kernels.h"
@@ -39,8 +43,9 @@ struct Region {
   bool lla2a_comm_created = false;  // lla2a.comm holds a device communicator
 };
 
-// Resources of one device of one communicator set. Never freed: a
-// communicator set lives as long as the process (a handful per program).
+// Resources of one device of one communicator set. A published set lives as
+// long as the process (a handful per program); a set whose creation fails is
+// released (ReleaseDevices).
 struct DeviceResources {
   ncclComm_t comm = nullptr;
   ncclDevComm dev_comm{};
@@ -54,6 +59,12 @@ struct DeviceResources {
 struct CommSet {
   std::vector<GroupSpec> groups;
   std::vector<std::unique_ptr<DeviceResources>> devices;  // the groups' local devices in order
+  // The bound, in ms, of each collective set-up step of a group that spans
+  // processes (CollectiveStep); unused for groups held whole by this process.
+  uint64_t setup_timeout_ms = 0;
+  // Why the set was given up (FailSet); empty while it works. A failed set
+  // has no region and makes no NCCL call again.
+  std::string failed;
 };
 
 std::mutex g_mutex;                                   // guards creation, g_sets, g_preloads
@@ -71,8 +82,31 @@ std::array<std::atomic<uint32_t>, kMaxCommSets> g_region_masks{};  // bit a: reg
 
 static_assert(kAlgorithmCount <= 32, "g_region_masks holds one bit per algorithm");
 
-void ValidateGroups(const std::vector<GroupSpec>& groups) {
+// True when the group's other ranks are in other processes (it has an NCCL
+// unique id): its communicators are non-blocking and every collective step
+// of its set-up is bounded (CollectiveStep).
+bool Spans(const GroupSpec& g) { return !g.unique_id.empty(); }
+
+// NCCL_COMM_BLOCKING=1 overrides ncclConfig_t::blocking = 0, which would make
+// the set-up calls of a spanning group wait without a bound.
+bool NcclForcedBlocking() {
+  const char* v = std::getenv("NCCL_COMM_BLOCKING");
+  return v != nullptr && std::atoi(v) == 1;
+}
+
+void ValidateGroups(const std::vector<GroupSpec>& groups, uint64_t setup_timeout_ms) {
   if (groups.empty()) Fail("jax_llar: no replica groups given");
+  if (std::any_of(groups.begin(), groups.end(), Spans)) {
+    if (setup_timeout_ms == 0) {
+      Fail("jax_llar: a replica group that spans processes needs a set-up bound "
+           "(setup_timeout_ms > 0)");
+    }
+    if (NcclForcedBlocking()) {
+      Fail("jax_llar: NCCL_COMM_BLOCKING=1 makes NCCL's set-up calls blocking, so a process "
+           "that never joins could not be waited for with a bound; unset it to use jax_llar "
+           "for replica groups that span processes");
+    }
+  }
   const int n_dev = CudaDeviceCount();
   std::set<int> seen;
   for (const auto& g : groups) {
@@ -120,35 +154,197 @@ void ValidateGroups(const std::vector<GroupSpec>& groups) {
   }
 }
 
+// This process's members of a group, for messages: "rank 0 of 2 (CUDA device
+// 0)", "ranks 0, 1 of 4 (CUDA devices 2, 3)".
+std::string MembersText(const std::vector<int>& ranks, const std::vector<int>& ordinals,
+                        int world) {
+  auto list = [](const std::vector<int>& v) {
+    std::string out;
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+    return out;
+  };
+  const bool one = ranks.size() == 1;
+  return std::string(one ? "rank " : "ranks ") + list(ranks) + " of " + std::to_string(world) +
+         (one ? " (CUDA device " : " (CUDA devices ") + list(ordinals) + ")";
+}
+
+// How a group's collective set-up steps end. For a group that spans
+// processes (`nonblocking`) each step runs on non-blocking communicators and
+// waits at most `timeout_ms` for NCCL's thread (AwaitComms); for a group
+// held whole by this process the calls themselves finish the step (blocking
+// communicators, no peer can be missing).
+struct StepBound {
+  bool nonblocking = false;
+  uint64_t timeout_ms = 0;
+  std::string who;  // MembersText of this process's members
+};
+
+// A collective step of a spanning group failed (an error, or the bound
+// passed): NCCL's thread may still be inside the step, writing the step's
+// outputs and waiting for the other processes, until ncclCommAbort stops it.
+class CollectiveStepFailed : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The longest bound AwaitComms applies, so that its deadline cannot overflow
+// the clock.
+inline constexpr uint64_t kMaxSetupTimeoutMs = 1'000'000'000;
+// AwaitComms' pause between polls: the first, doubled after each poll up to
+// the longest. Short enough that a step that completes is seen at once, long
+// enough that the wait costs no CPU worth counting.
+inline constexpr std::chrono::microseconds kFirstPollPause{100};
+inline constexpr std::chrono::microseconds kLongestPollPause{10'000};
+
+// Waits until NCCL's thread has finished the pending work of every
+// communicator of `comms` (non-blocking communicators, after a call that
+// answered ncclInProgress): polls ncclCommGetAsyncError on each until all
+// answer ncclSuccess, sleeping between polls (kFirstPollPause, doubling up
+// to kLongestPollPause; the bindings release the GIL around the set-up
+// calls). Returns when all finished; throws std::runtime_error, naming
+// `step` and `who`, when one reports an error or when `timeout_ms` passes
+// first. Every communicator that answered ncclSuccess has been released by
+// NCCL's thread; the others may still be in use by it.
+void AwaitComms(const std::vector<ncclComm_t>& comms, uint64_t timeout_ms, const char* step,
+                const std::string& who) {
+  using Clock = std::chrono::steady_clock;
+  const auto deadline =
+      Clock::now() + std::chrono::milliseconds(std::min(timeout_ms, kMaxSetupTimeoutMs));
+  std::chrono::microseconds pause = kFirstPollPause;
+  std::vector<bool> done(comms.size(), false);
+  for (;;) {
+    bool all = true;
+    for (size_t i = 0; i < comms.size(); ++i) {
+      if (done[i]) continue;
+      ncclResult_t state = ncclInProgress;
+      CheckNccl(ncclCommGetAsyncError(comms[i], &state), "ncclCommGetAsyncError");
+      if (state == ncclSuccess) {
+        done[i] = true;
+      } else if (state == ncclInProgress) {
+        all = false;
+      } else {
+        Fail(std::string("jax_llar: ") + step + " failed for " + who + ": " +
+             ncclGetErrorString(state) + " (" + ncclGetLastError(nullptr) + ")");
+      }
+    }
+    if (all) return;
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      Fail(std::string("jax_llar: ") + step + " did not complete within " +
+           std::to_string(timeout_ms) + " ms for " + who +
+           ": a process of the group may have died or not reached this step");
+    }
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - now));
+    pause = std::min(pause * 2, kLongestPollPause);
+  }
+}
+
+// The communicators of devices all[first .. first + n).
+std::vector<ncclComm_t> CommsOf(const std::vector<std::unique_ptr<DeviceResources>>& all,
+                                size_t first, int n) {
+  std::vector<ncclComm_t> comms;
+  for (int i = 0; i < n; ++i) comms.push_back(all[first + i]->comm);
+  return comms;
+}
+
+// One collective set-up step of a group (devices all[first .. first + n)):
+// `calls` (one NCCL call per member, each checked with CheckStep) grouped,
+// then, for a spanning group, the bounded wait for NCCL's thread
+// (AwaitComms). For a spanning group every failure of the step is a
+// CollectiveStepFailed, whose handler must abort the group's communicators
+// before it frees anything the step uses. Nothing the calls write may be read
+// before the step returns.
+template <typename F>
+void CollectiveStep(const StepBound& bound,
+                    const std::vector<std::unique_ptr<DeviceResources>>& all, size_t first,
+                    int n, const char* step, F&& calls) {
+  try {
+    GroupedCalls(step, calls, bound.nonblocking);
+    if (bound.nonblocking) AwaitComms(CommsOf(all, first, n), bound.timeout_ms, step, bound.who);
+  } catch (const std::exception& e) {
+    if (!bound.nonblocking) throw;
+    throw CollectiveStepFailed(e.what());
+  }
+}
+
+// Checks one call of a CollectiveStep: ncclInProgress is the normal answer
+// of a non-blocking communicator.
+void CheckStep(const StepBound& bound, ncclResult_t r, const char* what) {
+  if (bound.nonblocking) {
+    CheckNcclStarted(r, what);
+  } else {
+    CheckNccl(r, what);
+  }
+}
+
+// Releases what CreateGroup made for the devices of a set that was never
+// published (a failure part-way): aborts each communicator (a local call:
+// it stops NCCL's thread for it and frees NCCL's resources, device
+// communicators included, without waiting for another process), then frees
+// the state words and the error record. Best effort: errors are ignored and
+// cleared.
+void ReleaseDevices(std::vector<std::unique_ptr<DeviceResources>>& devices) {
+  for (auto& d : devices) {
+    if (d->comm != nullptr) (void)ncclCommAbort(d->comm);
+    d->comm = nullptr;
+  }
+  for (auto& d : devices) {
+    if (d->state != nullptr && cudaSetDevice(d->context.ordinal) == cudaSuccess) {
+      (void)cudaFree(d->state);
+    }
+    if (d->error != nullptr) (void)cudaFreeHost(d->error);
+  }
+  (void)cudaGetLastError();
+  devices.clear();
+}
+
 // Builds one group's communicators, device communicators and state for this
-// process's members; fills `out` (one per member, rank order). No scratch:
-// EnsureRegion adds it per algorithm.
-void CreateGroup(const GroupSpec& spec, uint64_t timeout_ns,
+// process's members, appended to `out` (one per member, rank order) before
+// anything of them is created, so that on a failure the caller's
+// ReleaseDevices reaches all that exists. No scratch: EnsureRegion adds it
+// per algorithm. A spanning group's collective steps are bounded by
+// `setup_timeout_ms` each (CollectiveStep).
+void CreateGroup(const GroupSpec& spec, uint64_t timeout_ns, uint64_t setup_timeout_ms,
                  std::vector<std::unique_ptr<DeviceResources>>& out) {
   const std::vector<int>& group = spec.ordinals;
   const int n = static_cast<int>(group.size());  // this process's members
   const int world = spec.world;
-  std::vector<std::unique_ptr<DeviceResources>> devs;
-  for (int i = 0; i < n; ++i) devs.push_back(std::make_unique<DeviceResources>());
+  const StepBound bound{Spans(spec), setup_timeout_ms, MembersText(spec.ranks, group, world)};
+  const size_t first = out.size();
+  for (int i = 0; i < n; ++i) {
+    out.push_back(std::make_unique<DeviceResources>());
+    DeviceContext& c = out.back()->context;
+    c.ordinal = group[i];
+    c.rank = spec.ranks[i];
+    c.world = world;
+  }
 
-  std::vector<ncclComm_t> comms(n);
-  if (spec.unique_id.empty()) {
+  if (!bound.nonblocking) {
+    std::vector<ncclComm_t> comms(n);
     CheckNccl(ncclCommInitAll(comms.data(), n, group.data()), "ncclCommInitAll");
+    for (int i = 0; i < n; ++i) out[first + i]->comm = comms[i];
   } else {
     ncclUniqueId id;
     std::memcpy(&id, spec.unique_id.data(), sizeof(id));
     // Collective over the group's processes; grouped for several local ranks.
-    GroupedCalls("ncclCommInitRank", [&] {
+    // Non-blocking: NCCL creates the communicators in its own thread, and the
+    // wait for the other processes is bounded. NCCL returns each handle at
+    // once, so ReleaseDevices can abort a creation still in progress.
+    CollectiveStep(bound, out, first, n, "ncclCommInitRank", [&] {
       for (int i = 0; i < n; ++i) {
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
         CheckCuda(cudaSetDevice(group[i]), "cudaSetDevice");
-        CheckNccl(ncclCommInitRank(&comms[i], world, id, spec.ranks[i]), "ncclCommInitRank");
+        CheckStep(bound,
+                  ncclCommInitRankConfig(&out[first + i]->comm, world, id, spec.ranks[i],
+                                         &config),
+                  "ncclCommInitRank");
       }
     });
   }
-  for (int i = 0; i < n; ++i) devs[i]->comm = comms[i];
 
   for (int i = 0; i < n; ++i) {
-    DeviceResources& d = *devs[i];
+    DeviceResources& d = *out[first + i];
     CheckCuda(cudaSetDevice(group[i]), "cudaSetDevice");
     CheckCuda(cudaMalloc(&d.state, sizeof(uint64_t) * kStateWords), "cudaMalloc(epochs)");
     CheckCuda(cudaMemset(d.state, 0, sizeof(uint64_t) * kStateWords),
@@ -169,15 +365,15 @@ void CreateGroup(const GroupSpec& spec, uint64_t timeout_ns,
 #else
   std::memset(&reqs, 0, sizeof(reqs));  // 2.28/2.29 have no initializer macro
 #endif
-  GroupedCalls("ncclDevCommCreate", [&] {
+  CollectiveStep(bound, out, first, n, "ncclDevCommCreate", [&] {
     for (int i = 0; i < n; ++i) {
-      CheckNccl(ncclDevCommCreate(devs[i]->comm, &reqs, &devs[i]->dev_comm),
+      CheckStep(bound, ncclDevCommCreate(out[first + i]->comm, &reqs, &out[first + i]->dev_comm),
                 "ncclDevCommCreate");
     }
   });
 
   for (int i = 0; i < n; ++i) {
-    DeviceResources& d = *devs[i];
+    DeviceResources& d = *out[first + i];
     const int rank = spec.ranks[i];
     if (d.dev_comm.rank != rank || d.dev_comm.nRanks != world ||
         d.dev_comm.lsaSize != world || d.dev_comm.lsaRank != rank) {
@@ -188,10 +384,6 @@ void CreateGroup(const GroupSpec& spec, uint64_t timeout_ns,
         << d.dev_comm.lsaSize << ")";
       Fail(m.str());
     }
-    DeviceContext& c = d.context;
-    c.ordinal = group[i];
-    c.rank = rank;
-    c.world = world;
     // Every kernel now, while nothing of the set runs: a lazy module load
     // later could wait for running kernels that wait for their peers.
     CheckCuda(cudaSetDevice(group[i]), "cudaSetDevice");
@@ -201,7 +393,6 @@ void CreateGroup(const GroupSpec& spec, uint64_t timeout_ns,
     }
     CheckCuda(PreloadOneShotLLAddRmsNorm(), "loading the fused add + RMSNorm kernels");
   }
-  for (auto& d : devs) out.push_back(std::move(d));
 }
 
 // A non-blocking stream of the current device, destroyed with the object:
@@ -223,12 +414,12 @@ struct SetupStream {
 // (AlgorithmEntry::lla2a_slots) on the devices devs[first .. first + n): per
 // rank a device communicator of its own whose only resource is the sessions'
 // buffer, ncclLLA2ACreateRequirement(kMaxBlocks, slots) (collective over the
-// group: grouped, as in CreateGroup; NCCL fills the handle's buffer offset at
-// ncclGroupEnd), and its NcclLLA2AComm copied to device memory. The same
-// constraints as CreateRegion (streams of its own: ncclDevCommCreate
-// synchronises only a stream it creates).
+// group: a CollectiveStep, as in CreateGroup; NCCL fills the handle's buffer
+// offset when the step completes), and its NcclLLA2AComm copied to device
+// memory. The same constraints as CreateRegion (streams of its own:
+// ncclDevCommCreate synchronises only a stream it creates).
 void CreateLLA2AComms(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
-                      int world, int64_t algorithm,
+                      int world, int64_t algorithm, const StepBound& bound,
                       std::vector<std::unique_ptr<Region>>& regions) {
   const AlgorithmEntry& entry = kAlgorithms[algorithm];
   const int slots = entry.lla2a_slots(world);
@@ -253,9 +444,10 @@ void CreateLLA2AComms(std::vector<std::unique_ptr<DeviceResources>>& all, size_t
     reqs[i].resourceRequirementsList = &buffers[i];
     reqs[i].lsaMultimem = false;  // never NVLink multicast
   }
-  GroupedCalls("ncclDevCommCreate (LL all-to-all)", [&] {
+  CollectiveStep(bound, all, first, n, "ncclDevCommCreate (LL all-to-all)", [&] {
     for (int i = 0; i < n; ++i) {
-      CheckNccl(ncclDevCommCreate(all[first + i]->comm, &reqs[i], &regions[i]->lla2a.comm),
+      CheckStep(bound,
+                ncclDevCommCreate(all[first + i]->comm, &reqs[i], &regions[i]->lla2a.comm),
                 "ncclDevCommCreate (LL all-to-all)");
     }
   });
@@ -289,25 +481,45 @@ void CreateLLA2AComms(std::vector<std::unique_ptr<DeviceResources>>& all, size_t
 // never a device-wide synchronisation, and the kernels were loaded when the
 // set was created. An LL all-to-all algorithm's region holds NCCL's buffer
 // (CreateLLA2AComms) instead of a symmetric window of ours.
+//
+// A failure frees the region's allocations, and a later call tries again;
+// except that when a collective step of a spanning group fails
+// (CollectiveStepFailed: the other processes may still be inside it, NCCL's
+// thread may still use the region), the whole set is given up first
+// (FailSet), and the set's failure is what every later EnsureRegion raises.
 void BuildRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
                   int world, int64_t algorithm, int group, const RegionAgreement* agree,
-                  std::vector<std::unique_ptr<Region>>& regions);
+                  const StepBound& bound, std::vector<std::unique_ptr<Region>>& regions);
 void ReleaseUnpublished(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first,
-                        std::vector<std::unique_ptr<Region>>& regions);
+                        std::vector<std::unique_ptr<Region>>& regions, bool comms_alive);
 void AllocateRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
                      uint64_t bytes, const AlgorithmEntry& entry, bool lla2a,
                      std::vector<std::unique_ptr<Region>>& regions);
 void FinishRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
                    int world, int64_t algorithm, uint64_t bytes, bool lla2a,
-                   std::vector<std::unique_ptr<Region>>& regions);
+                   const StepBound& bound, std::vector<std::unique_ptr<Region>>& regions);
+void FailSet(CommSet& set, int64_t comm_id, const std::string& why);
 
-void CreateRegion(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
-                  int world, int64_t algorithm, int group, const RegionAgreement* agree) {
+void CreateRegion(CommSet& set, int64_t comm_id, size_t group, size_t first, int64_t algorithm,
+                  const RegionAgreement* agree) {
+  std::vector<std::unique_ptr<DeviceResources>>& all = set.devices;
+  const GroupSpec& spec = set.groups[group];
+  const int n = static_cast<int>(spec.ordinals.size());
+  const int world = spec.world;
+  const StepBound bound{Spans(spec), set.setup_timeout_ms,
+                        MembersText(spec.ranks, spec.ordinals, world)};
   std::vector<std::unique_ptr<Region>> regions;
   try {
-    BuildRegions(all, first, n, world, algorithm, group, agree, regions);
+    BuildRegions(all, first, n, world, algorithm, static_cast<int>(group), agree, bound,
+                 regions);
+  } catch (const CollectiveStepFailed& e) {
+    FailSet(set, comm_id,
+            std::string(e.what()) + "; this process gave up communicator set " +
+                std::to_string(comm_id) + " (its regions withdrawn, its communicators aborted)");
+    ReleaseUnpublished(all, first, regions, /*comms_alive=*/false);
+    Fail(set.failed);
   } catch (...) {
-    ReleaseUnpublished(all, first, regions);
+    ReleaseUnpublished(all, first, regions, /*comms_alive=*/true);
     throw;
   }
   // Every device of the group is complete: publish.
@@ -324,7 +536,7 @@ void CreateRegion(std::vector<std::unique_ptr<DeviceResources>>& all, size_t fir
 // for ReleaseUnpublished).
 void BuildRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
                   int world, int64_t algorithm, int group, const RegionAgreement* agree,
-                  std::vector<std::unique_ptr<Region>>& regions) {
+                  const StepBound& bound, std::vector<std::unique_ptr<Region>>& regions) {
   const AlgorithmEntry& entry = kAlgorithms[algorithm];
   const uint64_t bytes = RegionBytes(static_cast<Algorithm>(algorithm), world);
   const bool lla2a = entry.lla2a_slots != nullptr;  // NCCL's buffer, no scratch of ours
@@ -341,7 +553,7 @@ void BuildRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t fir
          entry.name + " region (its error is in that process's log)");
   }
   if (!local_error.empty()) Fail(local_error);
-  FinishRegions(all, first, n, world, algorithm, bytes, lla2a, regions);
+  FinishRegions(all, first, n, world, algorithm, bytes, lla2a, bound, regions);
 }
 
 // BuildRegions' local allocations (scratch, peer table) on each local device.
@@ -369,14 +581,15 @@ void AllocateRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t 
 // or NCCL's LL all-to-all buffer) and each local device's peer table.
 void FinishRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
                    int world, int64_t algorithm, uint64_t bytes, bool lla2a,
-                   std::vector<std::unique_ptr<Region>>& regions) {
+                   const StepBound& bound, std::vector<std::unique_ptr<Region>>& regions) {
   if (lla2a) {
-    CreateLLA2AComms(all, first, n, world, algorithm, regions);
+    CreateLLA2AComms(all, first, n, world, algorithm, bound, regions);
   } else {
-    // Window registration is collective over the group: grouped, as above.
-    GroupedCalls("ncclCommWindowRegister", [&] {
+    // Window registration is collective over the group: a CollectiveStep.
+    CollectiveStep(bound, all, first, n, "ncclCommWindowRegister", [&] {
       for (int i = 0; i < n; ++i) {
-        CheckNccl(ncclCommWindowRegister(all[first + i]->comm, regions[i]->scratch, bytes,
+        CheckStep(bound,
+                  ncclCommWindowRegister(all[first + i]->comm, regions[i]->scratch, bytes,
                                          &regions[i]->window, NCCL_WIN_COLL_SYMMETRIC),
                   "ncclCommWindowRegister");
       }
@@ -414,14 +627,15 @@ void FinishRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t fi
 // Frees what BuildRegions allocated for regions that were never published (a
 // failure part-way), so that a later EnsureRegion, which tries again, does
 // not leak a region per attempt. Best effort: errors are ignored and cleared.
-// Window deregistration and device-communicator destruction are collective,
-// grouped like their creation.
+// Window deregistration and device-communicator destruction are grouped like
+// their creation; without `comms_alive` (the communicators were aborted,
+// which released NCCL's part) only the memory of ours is freed.
 void ReleaseUnpublished(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first,
-                        std::vector<std::unique_ptr<Region>>& regions) {
+                        std::vector<std::unique_ptr<Region>>& regions, bool comms_alive) {
   bool windows = false, lla2a = false;
   for (const auto& r : regions) {
-    windows = windows || r->window != nullptr;
-    lla2a = lla2a || r->lla2a_device != nullptr || r->lla2a_comm_created;
+    windows = windows || (comms_alive && r->window != nullptr);
+    lla2a = lla2a || (comms_alive && r->lla2a_comm_created);
   }
   if (windows) {
     (void)ncclGroupStart();
@@ -452,6 +666,29 @@ void ReleaseUnpublished(std::vector<std::unique_ptr<DeviceResources>>& all, size
   regions.clear();
 }
 
+// Gives up `set` (id `comm_id`) after a collective step of one of its
+// spanning groups failed part-way (CreateRegion): records `why`, withdraws
+// every region (HasRegion answers false, so lowerings ask EnsureRegion, which
+// raises `why`; the execute handler finds no argument block), then aborts
+// every communicator of the set. The abort stops NCCL's threads (so the
+// step's unpublished region can be freed) and closes this process's
+// connections, so the other processes' steps end in an error instead of
+// completing without this one. The published regions' memory is kept:
+// programs captured earlier may still address it (they fail, as any call
+// whose peer is gone). The caller holds g_mutex.
+void FailSet(CommSet& set, int64_t comm_id, const std::string& why) {
+  set.failed = why;
+  g_region_masks[comm_id].store(0, std::memory_order_release);
+  for (auto& d : set.devices) {
+    for (auto& args : d->context.args) args.store(nullptr, std::memory_order_release);
+  }
+  for (auto& d : set.devices) {
+    if (d->comm != nullptr) (void)ncclCommAbort(d->comm);
+    d->comm = nullptr;
+  }
+  (void)cudaGetLastError();
+}
+
 // Runs `preloads` on every device of `set`, ignoring their results
 // (AddPreload). The caller holds g_mutex and a DeviceGuard.
 void RunPreloadsBestEffort(const CommSet& set,
@@ -477,7 +714,7 @@ int CreateCommSet(const std::vector<std::vector<int>>& groups,
     for (int r = 0; r < spec.world; ++r) spec.ranks.push_back(r);
     specs.push_back(std::move(spec));
   }
-  return CreateCommSetOfRanks(specs, timeout_ns);
+  return CreateCommSetOfRanks(specs, timeout_ns, /*setup_timeout_ms=*/0);  // no spanning group
 }
 
 std::string NcclUniqueId() {
@@ -486,16 +723,26 @@ std::string NcclUniqueId() {
   return std::string(reinterpret_cast<const char*>(&id), sizeof(id));
 }
 
-int CreateCommSetOfRanks(const std::vector<GroupSpec>& groups, uint64_t timeout_ns) {
+int CreateCommSetOfRanks(const std::vector<GroupSpec>& groups, uint64_t timeout_ns,
+                         uint64_t setup_timeout_ms) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_sets.size() >= static_cast<size_t>(kMaxCommSets)) {
     Fail("jax_llar: too many communicator sets (" + std::to_string(kMaxCommSets) + ")");
   }
-  ValidateGroups(groups);
+  ValidateGroups(groups, setup_timeout_ms);
   DeviceGuard guard;
   auto set = std::make_unique<CommSet>();
   set->groups = groups;
-  for (const auto& g : groups) CreateGroup(g, timeout_ns, set->devices);
+  set->setup_timeout_ms = setup_timeout_ms;
+  try {
+    for (const auto& g : groups) CreateGroup(g, timeout_ns, setup_timeout_ms, set->devices);
+  } catch (const CollectiveStepFailed& e) {
+    ReleaseDevices(set->devices);
+    Fail(std::string(e.what()) + "; this process aborted its communicators of the set");
+  } catch (...) {
+    ReleaseDevices(set->devices);
+    throw;
+  }
   const int id = static_cast<int>(g_sets.size());
   for (const auto& d : set->devices) {
     g_table[id][d->context.ordinal].store(&d->context, std::memory_order_release);
@@ -525,16 +772,15 @@ void EnsureRegion(int64_t comm_id, int64_t algorithm, const RegionAgreement* agr
     Fail("jax_llar: no communicator set " + std::to_string(comm_id));
   }
   CommSet& set = *g_sets[comm_id];
+  if (!set.failed.empty()) Fail(set.failed);
   DeviceGuard guard;
   size_t first = 0;
   for (size_t gi = 0; gi < set.groups.size(); ++gi) {
-    const GroupSpec& g = set.groups[gi];
     // Groups are created whole, so the first device tells for the group.
-    const int n = static_cast<int>(g.ordinals.size());
     if (!set.devices[first]->regions[algorithm]) {
-      CreateRegion(set.devices, first, n, g.world, algorithm, static_cast<int>(gi), agree);
+      CreateRegion(set, comm_id, gi, first, algorithm, agree);
     }
-    first += n;
+    first += set.groups[gi].ordinals.size();
   }
   g_region_masks[comm_id].fetch_or(uint32_t(1) << algorithm, std::memory_order_release);
 }

@@ -10,6 +10,11 @@
 // Creation is serialised and happens before tracing (from Python, at lowering
 // time). Lookup is lock-free: the execute handler of every device thread reads
 // atomic pointers and never waits for another thread.
+//
+// For groups that span processes, every collective set-up step (NCCL's
+// communicator creation, device communicators, window registration) runs on
+// non-blocking communicators and waits a bounded time for the other
+// processes; a failed creation releases what it made.
 #ifndef LLAR_REGISTRY_H_
 #define LLAR_REGISTRY_H_
 
@@ -33,7 +38,8 @@ inline constexpr int kMaxOrdinals = 64;
 
 // What one device of a communicator set needs at execute time. Immutable
 // after publication, except that regions are added (each entry of `args` is
-// set once, from null) and the launcher overrides.
+// set once, from null; all are set back to null when the set is given up,
+// EnsureRegion) and the launcher overrides.
 struct DeviceContext {
   int32_t ordinal = -1;
   int32_t rank = -1;
@@ -57,7 +63,8 @@ struct DeviceContext {
 // communicator per group, ranks in list order), the device communicators and
 // the per-device state, and publishes one DeviceContext per ordinal, with no
 // scratch region yet. Returns the communicator-set id (>= 1).
-// Throws std::runtime_error with a readable message on any failure.
+// Throws std::runtime_error with a readable message on any failure, after
+// releasing whatever it had created.
 LLAR_API int CreateCommSet(const std::vector<std::vector<int>>& groups,
                            uint64_t timeout_ns);
 
@@ -80,10 +87,25 @@ struct GroupSpec {
 // ncclDevCommCreate are collective over the group; NCCL waits for the
 // others). Regions (EnsureRegion) are then collective over the processes
 // too: each must call EnsureRegion for the same algorithms in the same
-// order. Throws std::runtime_error on any failure, including NCCL placing
-// the ranks in more than one load/store-accessible (LSA) team (ranks on
-// different nodes, or GPUs that are not NVLink peers).
-LLAR_API int CreateCommSetOfRanks(const std::vector<GroupSpec>& groups, uint64_t timeout_ns);
+// order.
+//
+// A spanning group's communicators are non-blocking (ncclCommInitRankConfig,
+// blocking = 0), and each collective step, here and in EnsureRegion, waits at
+// most `setup_timeout_ms` for the other processes (polling
+// ncclCommGetAsyncError); it must be > 0 when a group spans processes and is
+// unused otherwise. NCCL_COMM_BLOCKING=1, which would make those steps
+// blocking, is refused. `timeout_ns` is the kernels' bounded wait.
+//
+// Throws std::runtime_error on any failure, after aborting every
+// communicator it created (ncclCommAbort: local, it waits for no other
+// process) and freeing its memory: a step that does not complete in time
+// ("jax_llar: ncclCommInitRank did not complete within N ms for rank R of W
+// (CUDA device D): a process of the group may have died or not reached this
+// step; ..."), an error NCCL reports, NCCL placing the ranks in more than
+// one load/store-accessible (LSA) team (ranks on different nodes, or GPUs
+// that are not NVLink peers).
+LLAR_API int CreateCommSetOfRanks(const std::vector<GroupSpec>& groups, uint64_t timeout_ns,
+                                  uint64_t setup_timeout_ms);
 
 // A fresh NCCL unique id (ncclGetUniqueId), 128 bytes. Throws
 // std::runtime_error when NCCL fails.
@@ -96,7 +118,14 @@ LLAR_API std::string NcclUniqueId();
 // a no-op when the region exists. Serialised with creation; safe while
 // programs of the set run (nothing they use changes). Throws
 // std::runtime_error for an unknown set or algorithm or a CUDA/NCCL failure
-// (then the region stays absent and a later call tries again).
+// (then the region's allocations are freed, the region stays absent and a
+// later call tries again). For a group that spans processes, the collective
+// registration is bounded like CreateCommSetOfRanks' steps; when it fails
+// (an error, or the bound passes: another process may still be inside it),
+// this process gives up the whole set: its regions are withdrawn (HasRegion
+// false; the execute handler finds no argument block), its communicators
+// aborted, and this and every later EnsureRegion of the set throws that
+// failure.
 //
 // For groups that span processes, `agree` (may be null) is called once per
 // group whose region is created, after this process's local allocations and
