@@ -23,7 +23,9 @@ coordinator):
    fresh NCCL unique id (``ncclGetUniqueId``); each process creates its own
    members with ``ncclCommInitRank`` (native ``create_comm_set_of_ranks``),
    then posts whether it succeeded and reads the others' outcomes: a set
-   that failed anywhere is refused everywhere.
+   that failed anywhere is refused everywhere. A process whose creation
+   failed proposes its failure as the verdict at once, without waiting for
+   the others' posts (the process its NCCL step waited for may be gone).
 3. **Regions** (per algorithm, when a lowering first picks it). The
    registration of symmetric memory is collective, so a process that could
    not allocate must not leave the others waiting inside NCCL: after its
@@ -145,6 +147,18 @@ def set_key(groups: Sequence[Sequence[tuple[int, int]]]) -> str:
   return f"{KEY_PREFIX}/set/{hashlib.sha256(text.encode()).hexdigest()[:24]}"
 
 
+def _post(kv: KeyValueStore, base: str, me: int, mine: str) -> None:
+  """Posts `mine` under base/<me>.
+
+  Raises:
+    SpanError: the store refused the post.
+  """
+  try:
+    kv.key_value_set(f"{base}/{me}", mine)
+  except Exception as e:  # the client's own errors (ALREADY_EXISTS, shutdown)
+    raise SpanError(f"could not post {base}/{me} ({type(e).__name__}: {e})") from None
+
+
 def _read_all(kv: KeyValueStore, base: str, processes: Sequence[int], me: int,
               mine: str, timeout_ms: int) -> dict[int, str]:
   """Posts `mine` under base/<me> and returns every process's value.
@@ -153,10 +167,7 @@ def _read_all(kv: KeyValueStore, base: str, processes: Sequence[int], me: int,
     SpanError: a process did not post within `timeout_ms` (its text names
       it); this process's own post could not be made.
   """
-  try:
-    kv.key_value_set(f"{base}/{me}", mine)
-  except Exception as e:  # the client's own errors (ALREADY_EXISTS, shutdown)
-    raise SpanError(f"could not post {base}/{me} ({type(e).__name__}: {e})") from None
+  _post(kv, base, me, mine)
   out = {}
   for p in processes:
     try:
@@ -308,6 +319,18 @@ def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], 
     comm_id = mod.create_comm_set_of_ranks(specs, timeout_ns, setup_timeout_ms=timeout_ms)
   except RuntimeError as e:
     error = str(e) or "failed"
+  base = f"{key}/made"
+  if error:
+    # This process failed, so the set is refused whatever the others did:
+    # post the outcome for them and propose it at once.
+    failure = f"creating the communicators failed in process {me}: {error}"
+    try:
+      _post(kv, base, me, error)
+    except SpanError:
+      pass  # the others then time out, and every process reads the verdict
+    final = verdict(kv, base, failure, timeout_ms)
+    raise SpanError(failure if final == GO else final)
+
   def judge(outcomes: dict[int, str]) -> str:
     failed = {p: v for p, v in sorted(outcomes.items()) if v != "ok"}
     if failed:
@@ -315,7 +338,7 @@ def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], 
       return f"creating the communicators failed in process {p}: {why}"
     return GO
 
-  _agreed(kv, f"{key}/made", processes, me, error or "ok", timeout_ms, judge)
+  _agreed(kv, base, processes, me, "ok", timeout_ms, judge)
   return comm_id, order
 
 

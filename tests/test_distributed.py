@@ -154,6 +154,41 @@ def test_f10_the_native_set_up_gets_the_store_bound():
   assert native.setup_timeout_ms == distributed.bootstrap_timeout_ms() >= 60_000
 
 
+def test_f10_a_peer_stuck_in_nccl_set_up_ends_in_the_step_error_in_every_process():
+  """Process 1 is inside NCCL's set-up and does not come back in time;
+  process 0's native creation gives up on its ncclCommInitRank after the
+  bound (the fake raises the native error at once). Process 0 refuses with
+  that error without waiting for process 1's post, and process 1, once it
+  comes back, follows the same verdict."""
+  import time
+  step = ("jax_llar: ncclCommInitRank did not complete within 4000 ms for rank 0 of 2 "
+          "(CUDA device 0): a process of the group may have died or not reached this step; "
+          "this process aborted its communicators of the set")
+  entered, release = threading.Event(), threading.Event()
+  kv, groups, out = Store(), [[(0, 0), (1, 1)]], {}
+  natives = {0: Native(fail=step), 1: Native(entered=entered, release=release)}
+
+  def one(me):
+    start = time.monotonic()
+    try:
+      distributed.create(natives[me], kv, groups, me, _record(), 1000, {me: 0},
+                         timeout_ms=4000)
+    except distributed.SpanError as e:
+      out[me] = (str(e), time.monotonic() - start)
+
+  threads = {p: threading.Thread(target=one, args=(p,)) for p in (0, 1)}
+  threads[1].start()
+  threads[0].start()
+  threads[0].join(30)
+  assert entered.is_set() and 0 in out
+  text, seconds = out[0]
+  assert text == f"creating the communicators failed in process 0: {step}"
+  assert seconds < 3  # no wait for process 1's post (the store's bound is 4 s)
+  release.set()  # process 1 comes back from NCCL: its creation succeeded
+  threads[1].join(30)
+  assert out[1][0] == text  # the same words in every process
+
+
 def test_f10_different_decision_inputs_are_refused_alike_naming_them():
   out, _ = _run([[(0, 0), (1, 1)]], {0: _record(max_bytes=1024), 1: _record()},
                 {0: Native(), 1: Native()})
