@@ -177,14 +177,17 @@ def test_f10_a_peer_stuck_in_nccl_set_up_ends_in_the_step_error_in_every_process
       out[me] = (str(e), time.monotonic() - start)
 
   threads = {p: threading.Thread(target=one, args=(p,)) for p in (0, 1)}
-  threads[1].start()
-  threads[0].start()
-  threads[0].join(30)
-  assert entered.is_set() and 0 in out
-  text, seconds = out[0]
-  assert text == f"creating the communicators failed in process 0: {step}"
-  assert seconds < 3  # no wait for process 1's post (the store's bound is 4 s)
-  release.set()  # process 1 comes back from NCCL: its creation succeeded
+  for t in threads.values():
+    t.start()
+  try:
+    threads[0].join(30)
+    assert 0 in out
+    text, seconds = out[0]
+    assert text == f"creating the communicators failed in process 0: {step}"
+    assert seconds < 3  # no wait for process 1's post (the store's bound is 4 s)
+    assert entered.wait(30)  # process 1 is inside its creation
+  finally:
+    release.set()  # process 1 comes back from NCCL: its creation succeeded
   threads[1].join(30)
   assert out[1][0] == text  # the same words in every process
 
