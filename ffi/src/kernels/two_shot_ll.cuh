@@ -171,18 +171,19 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
   const int half = HalfOf(epoch);
   const TwoShotChunk mine = TwoShotChunkOf(lines, world, rank);
 
-  // Steps a thread handles together (kBatch): for a number of ranks known at
-  // compile time, as many of the steps the region holds as keep a batch at
-  // kMaxBatchParts lines (registers); one otherwise. Within a batch every
-  // load is issued before the stores and waits that need it (one load
-  // latency per batch, not per step).
-  constexpr int kPeers = kWorld > 0 ? kWorld - 1 : 1;
-  constexpr int kMaxBatchParts = 8;
-  constexpr int kMaxSteps = kWorld > 0 ? static_cast<int>(TwoShotMaxSteps(kWorld)) : 1;
-  constexpr int kBatch = kWorld == 0               ? 1
-                         : kMaxBatchParts / kPeers < 1 ? 1
-                         : kMaxBatchParts / kPeers < kMaxSteps ? kMaxBatchParts / kPeers
-                                                             : kMaxSteps;
+  // Steps a thread handles together (kBatch) and whether the waits of phases
+  // 2 and 3 are batched: for 2 ranks every step the region holds, loads
+  // and waits alike (one pass); otherwise one step, its loads batched over
+  // the peers in phase 1 only. Batching costs registers: a 2 ranks' block
+  // then needs more than two blocks of kMaxThreads threads fit on an SM,
+  // which their grids never need (one rank per GPU, or two ranks' grids in
+  // the loopback harness), while 4 ranks' grids fit the loopback harness
+  // only at two blocks per SM. Within a batch every load is issued before
+  // the stores and waits that need it: one load latency per batch, not per
+  // step.
+  constexpr int kPeers = kWorld > 0 ? kWorld - 1 : 1;  // per step in the batched waits
+  constexpr bool kBatchedWaits = kWorld == 2;
+  constexpr int kBatch = kWorld == 2 ? static_cast<int>(TwoShotMaxSteps(2)) : 1;
   // Line n = b * kPeers + k - 1 of a batch: step s0 + b, peer k.
   const auto index_of = [&](int s0, int n) {
     return first + static_cast<uint32_t>(s0 + n / kPeers) * threads + t;
@@ -241,7 +242,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
   // peer. The own lines of a batch are loaded, and the peers' lines of it
   // awaited (WaitLines), before the first sum.
   for (int s0 = 0; s0 < steps; s0 += kBatch) {
-    if constexpr (kWorld > 0) {
+    if constexpr (kBatchedWaits) {
       uint2 own_part[kBatch];
       uint32_t act = 0u;  // bit n: line n of the batch is in this rank's chunk
 #pragma unroll
@@ -300,6 +301,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
       const uint32_t line = mine.start + i;
       const uint2 own_part = LoadPayload(a.in, a.n_bytes, a.vector_lines, line);
       RankOrderSum<T, AccumulatorFor<T, kWorld>> sum;
+#pragma unroll kUnroll
       for (int src = 0; src < world; ++src) {
         uint2 p = own_part;
         if (src != rank) {
@@ -312,6 +314,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
       const uint2 reduced = sum.Result();
       StorePayload(a.out, a.n_bytes, a.vector_lines, line, reduced);
       const uint32_t off = TwoShotOffset(s0, half, kTwoShotAllGather, world, rank, block, t);
+#pragma unroll kUnroll
       for (int k = 1; k < world; ++k) {
         StoreLine(peer(k, internal::PeerAt(rank, k, world)) + off, reduced, flag);
       }
@@ -321,7 +324,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
   // 3. All-gather: every peer's reduced chunk, into the output; the lines of
   // a batch awaited together.
   for (int s0 = 0; s0 < steps; s0 += kBatch) {
-    if constexpr (kWorld > 0) {
+    if constexpr (kBatchedWaits) {
       const auto chunk_of = [&](int n) {
         return TwoShotChunkOf(lines, kWorld, internal::PeerAt(rank, n % kPeers + 1, kWorld));
       };
@@ -352,6 +355,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
       const uint32_t j = static_cast<uint32_t>(s0) * threads + t;
       if (j >= per_block) break;
       const uint32_t i = first + j;
+#pragma unroll kUnroll
       for (int k = 1; k < world; ++k) {
         const int q = internal::PeerAt(rank, k, world);
         const TwoShotChunk c = TwoShotChunkOf(lines, world, q);

@@ -148,17 +148,19 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
   const uint32_t signature = a.signature;
   const int half = HalfOf(epoch);
   const TwoShotChunk mine = TwoShotChunkOf(lines, world, rank);
-  // Steps one thread handles together (kBatch): for a number of ranks known
-  // at compile time, as many of the steps the region holds as keep the
-  // batched waits at kMaxBatchParts parts (registers: 4 words per part, no
-  // spill for 2, 4 or 8 ranks); one otherwise.
+  // Steps a thread handles together (kBatch) and whether the waits of phases
+  // 2 and 3 are batched: for 2 ranks every step the region holds, loads
+  // and waits alike (one pass); otherwise one step, its loads batched over
+  // the peers in phase 1 only. Batching costs registers: a 2 ranks' block
+  // then needs more than two blocks of kMaxThreads threads fit on an SM,
+  // which their grids never need (one rank per GPU, or two ranks' grids in
+  // the loopback harness), while 4 ranks' grids fit the loopback harness
+  // only at two blocks per SM. Within a batch every load is issued before
+  // the stores and waits that need it: one load latency per batch, not per
+  // step.
   constexpr int kPeers = kWorld > 0 ? kWorld - 1 : 1;  // per step in the batched waits
-  constexpr int kMaxBatchParts = 8;
-  constexpr int kMaxSteps = kWorld > 0 ? static_cast<int>(TwoShotLL128MaxSteps(kWorld)) : 1;
-  constexpr int kBatch = kWorld == 0               ? 1
-                         : kMaxBatchParts / kPeers < 1 ? 1
-                         : kMaxBatchParts / kPeers < kMaxSteps ? kMaxBatchParts / kPeers
-                                                             : kMaxSteps;
+  constexpr bool kBatchedWaits = kWorld == 2;
+  constexpr int kBatch = kWorld == 2 ? static_cast<int>(TwoShotLL128MaxSteps(2)) : 1;
 
   // 1. Reduce-scatter: line start(q) + i of the input to its owner q. A
   // thread's loads of kBatch steps are issued before their stores (one load
@@ -235,7 +237,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
                        : two_shot_ll128::Units{{0u, 0u}, {0u, 0u}};
     }
     uint4 got[kBatch * kPeers];
-    if constexpr (kWorld > 0) {
+    if constexpr (kBatchedWaits) {
       // Part n = b * kPeers + k - 1: step s0 + b's line from peer k.
       uint32_t awaited = 0u;
 #pragma unroll
@@ -264,7 +266,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
         uint2 p0 = own_part[b].u0, p1 = own_part[b].u1;
         if (src_rank != rank) {
           uint4 v;
-          if constexpr (kWorld > 0) {
+          if constexpr (kBatchedWaits) {
             // Peer src_rank is k = (src_rank - rank) mod world after rank;
             // picked by compare, not by index (an index not known at compile
             // time would move the array to local memory).
@@ -307,7 +309,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
   // 3. All-gather: every peer's reduced chunk, into the output; the lines of
   // kBatch steps from every peer awaited together.
   for (int s0 = 0; s0 < steps; s0 += kBatch) {
-    if constexpr (kWorld > 0) {
+    if constexpr (kBatchedWaits) {
       // Part n = b * kPeers + k - 1: step s0 + b's line of peer k's chunk.
       const auto index_of = [&](int n) {
         return first + static_cast<uint32_t>(s0 + n / kPeers) * slots + slot;
@@ -343,6 +345,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
     } else {
       const uint32_t j = static_cast<uint32_t>(s0) * slots + slot;
       const uint32_t i = first + j;
+#pragma unroll kUnroll
       for (int k = 1; k < world; ++k) {
         const int q = internal::PeerAt(rank, k, world);
         const TwoShotChunk c = TwoShotChunkOf(lines, world, q);
