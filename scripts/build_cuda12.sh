@@ -8,7 +8,7 @@
 #                                    KEEP=1 keeps it)
 #
 # PyPI's CUDA 12 wheels have no nvcc driver (benchmarks/NOTES.md entries 44 and
-# 48), so the CUDA compiler is clang, as in JAX's and XLA's own CUDA builds:
+# 50), so the CUDA compiler is clang, as in JAX's and XLA's own CUDA builds:
 # Debian 12's clang-19 (installed with apt-get when missing; CLANG names
 # another), with a CUDA 12 toolkit laid out from the wheels that jax[cuda12]
 # 0.11.2 installs (scripts/cuda12/assemble.py), NCCL headers and library from
