@@ -34,6 +34,12 @@
 #           GPUs through XLA with 2+ GPUs, else the loopback on one
 #   ensure  build only when the extension does not load (a warm machine
 #           keeps the install of an earlier call)
+#   cu12    the one-GPU suite (GPU1_TESTS, default tests/gpu1) with the CUDA 12
+#           build of scripts/build_cuda12.sh instead of this machine's: its
+#           libraries from $CU12_DIR (libllar_core.so, _llar*.so,
+#           _llar_tools*.so, _build_info.py) copied into this tree's package,
+#           which must not be installed (no build or ensure stage before it);
+#           Python imports jax_llar from the tree
 #   atomicity  python -m jax_llar.tools.store_atomicity across two GPUs, both
 #           directions (writer 0 -> reader 1, 1 -> 0; --max_seconds
 #           ATOMICITY_SECONDS, default 60), then the --split check that the
@@ -151,13 +157,27 @@ tune_stage() {
   mkdir -p "$KEEP/tuning" && cp "$OUT"/tuning/*.json "$KEEP/tuning/" &&
     cp "$(ls "$OUT"/*-tune.json | head -n 1)" "$KEEP/tune.json"
 }
+# The one-GPU suite with a prebuilt CUDA 12 extension (cu12 stage).
+cu12_stage() {
+  [ -n "${CU12_DIR:-}" ] && [ -f "$CU12_DIR/libllar_core.so" ] ||
+    { echo "cu12: CU12_DIR must hold the CUDA 12 build's libraries"; return 2; }
+  $PY -m pip uninstall -y -q jax_llar >/dev/null 2>&1
+  cp "$CU12_DIR"/libllar_core.so "$CU12_DIR"/_llar.*.so "$CU12_DIR"/_build_info.py jax_llar/ &&
+    cp "$CU12_DIR"/_llar_tools.*.so jax_llar/tools/ || return 2
+  PYTHONPATH=$PWD $PY -c 'import jax_llar._build_info as b, jax_llar._ext as e
+print({k: v for k, v in vars(b).items() if k.isupper()}); m = e.load()
+print("extension loaded:", m is not None, e.reason() if m is None else "")' || return 1
+  JAX_LLAR_TEST_GPU=1 PYTHONPATH=$PWD $PY -m pytest -q -rs -p no:cacheprovider \
+    ${GPU1_ARGS:-} ${GPU1_TESTS:-tests/gpu1}
+}
 ensure_stage() {
   $PY -c 'import sys; from jax_llar import _ext; sys.exit(_ext.load() is None)' &&
     { echo "the extension loads: no build"; return 0; }
   $PY -m pip install --no-build-isolation --no-deps -v -e .
 }
-export -f atomicity_stage tune_stage ensure_stage
-export KEEP TUNE_ARGS="${TUNE_ARGS:-}" ATOMICITY_SECONDS="${ATOMICITY_SECONDS:-60}"
+export -f atomicity_stage tune_stage ensure_stage cu12_stage
+export KEEP TUNE_ARGS="${TUNE_ARGS:-}" ATOMICITY_SECONDS="${ATOMICITY_SECONDS:-60}" \
+  CU12_DIR="${CU12_DIR:-}" GPU1_ARGS="${GPU1_ARGS:-}" GPU1_TESTS="${GPU1_TESTS:-}"
 export OUT PY LOOPBACK_SIZES LOOPBACK_ARGS="${LOOPBACK_ARGS:-}" \
   LOOPBACK_FAULT_ARGS="${LOOPBACK_FAULT_ARGS:-}"
 
@@ -179,6 +199,7 @@ for s in "${stages[@]}"; do
     cg) run_stage cg $PY examples/cg_solver/main.py --out "$OUT" ${CG_ARGS:-} ;;
     loopback) run_stage loopback bash -c loopback_stage ;;
     ensure) run_stage ensure bash -c ensure_stage || break ;;
+    cu12) run_stage cu12 bash -c cu12_stage ;;
     atomicity) run_stage atomicity bash -c atomicity_stage ;;
     tune) run_stage tune bash -c tune_stage ;;
     verify) JAX_LLAR_TUNING_DIR="$KEEP/tuning" run_stage verify $PY -m jax_llar.tools.tune \
@@ -192,6 +213,7 @@ echo "==== summary ===="
 printf '%s\n' "${summary[@]}"
 grep -E "passed|failed|error" "$OUT/tests.log" 2>/dev/null | tail -n 3
 grep -E "passed|failed|error" "$OUT/gpu1.log" 2>/dev/null | tail -n 3
+grep -E "passed|failed|error|CUDA_VERSION|extension loaded" "$OUT/cu12.log" 2>/dev/null | tail -n 4
 grep -E "us/call" "$OUT/kbench.log" 2>/dev/null | head -n 40
 grep -E "SoL|one-shot kernel|_ns|_us " "$OUT/sol.log" 2>/dev/null
 grep -A30 "^dtype " "$OUT/bench.log" 2>/dev/null | head -n 22
