@@ -25,7 +25,10 @@ coordinator):
    then posts whether it succeeded and reads the others' outcomes: a set
    that failed anywhere is refused everywhere. A process whose creation
    failed proposes its failure as the verdict at once, without waiting for
-   the others' posts (the process its NCCL step waited for may be gone).
+   the others' posts (the process its NCCL step waited for may be gone). A
+   process whose own creation succeeded releases its set when the verdict
+   refuses it (native ``destroy_comm_set``: its communicators aborted, which
+   waits for no other process), so a refused set holds nothing anywhere.
 3. **Regions** (per algorithm, when a lowering first picks it). The
    registration of symmetric memory is collective, so a process that could
    not allocate must not leave the others waiting inside NCCL: after its
@@ -67,6 +70,7 @@ import os
 import socket
 from typing import Any, Callable, Protocol, Sequence
 
+from jax_llar import log
 from jax_llar.config import settings
 
 # Key prefix in the key-value store (bumped when the records change).
@@ -285,7 +289,9 @@ def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], 
       time, or the creation failed in some process, a collective step that
       did not complete within `timeout_ms` included (the same outcome in
       every process that got that far: "creating the communicators failed
-      in process P: ...").
+      in process P: ..."). A process whose own creation succeeded has then
+      released its set (`_release`): its id was never handed out, so no
+      program was lowered with it.
   """
   timeout_ms = bootstrap_timeout_ms() if timeout_ms is None else timeout_ms
   key = set_key(groups)
@@ -338,8 +344,25 @@ def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], 
       return f"creating the communicators failed in process {p}: {why}"
     return GO
 
-  _agreed(kv, base, processes, me, "ok", timeout_ms, judge)
+  try:
+    _agreed(kv, base, processes, me, "ok", timeout_ms, judge)
+  except BaseException:  # refused (or interrupted): this set will never be used
+    _release(mod, comm_id)
+    raise
   return comm_id, order
+
+
+def _release(mod, comm_id: int) -> None:
+  """Releases set `comm_id`, which this process made but the processes
+  refused: nothing can have used it (its id has not left `create`), so the
+  native ``destroy_comm_set`` accepts it. Never raises: a failure to release
+  is logged, and the caller's refusal stands."""
+  try:
+    mod.destroy_comm_set(comm_id)
+  except Exception as e:  # pylint: disable=broad-except
+    log.logger.warning("jax_llar: communicator set %d was refused by the processes and "
+                       "could not be released (%s: %s); it stays allocated", comm_id,
+                       type(e).__name__, e)
 
 
 def region_agreement(kv: KeyValueStore, key: str, algorithm: int,

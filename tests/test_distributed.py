@@ -49,13 +49,18 @@ class Store:
 class Native:
   """What distributed.create calls of jax_llar._llar, for one process.
   With `entered`/`release`, the creation sets `entered` and then waits for
-  `release` (a process stuck inside NCCL's set-up)."""
+  `release` (a process stuck inside NCCL's set-up). A creation that succeeds
+  returns `comm_id`; `destroyed` lists the ids given to destroy_comm_set,
+  which raises `destroy_fails` when set."""
 
-  def __init__(self, fail=None, entered=None, release=None):
+  def __init__(self, fail=None, entered=None, release=None, comm_id=3, destroy_fails=None):
     self.fail = fail
     self.specs = None
     self.setup_timeout_ms = None
     self.entered, self.release = entered, release
+    self.comm_id = comm_id
+    self.destroyed = []
+    self.destroy_fails = destroy_fails
 
   def nccl_unique_id(self):
     return os.urandom(128)
@@ -69,7 +74,12 @@ class Native:
     if self.fail:
       raise RuntimeError(self.fail)
     self.specs = specs
-    return 3
+    return self.comm_id
+
+  def destroy_comm_set(self, comm_id):
+    self.destroyed.append(comm_id)
+    if self.destroy_fails:
+      raise RuntimeError(self.destroy_fails)
 
 
 def _record(host="node-a", **inputs):
@@ -110,6 +120,7 @@ def test_f10_one_gpu_per_process_shares_one_nccl_unique_id():
   natives = {0: Native(), 1: Native()}
   out, _ = _run(groups, {0: _record(), 1: _record()}, natives)
   assert out == {0: (3, [0]), 1: (3, [0])}
+  assert natives[0].destroyed == natives[1].destroyed == []  # the sets are in use
   (w0, r0, o0, u0), = natives[0].specs
   (w1, r1, o1, u1), = natives[1].specs
   assert (w0, r0, o0, w1, r1, o1) == (2, [0], [0], 2, [1], [0])
@@ -190,6 +201,9 @@ def test_f10_a_peer_stuck_in_nccl_set_up_ends_in_the_step_error_in_every_process
     release.set()  # process 1 comes back from NCCL: its creation succeeded
   threads[1].join(30)
   assert out[1][0] == text  # the same words in every process
+  # Process 1's creation succeeded, but the set is refused: it released it;
+  # process 0's native creation had released its own.
+  assert natives[1].destroyed == [3] and natives[0].destroyed == []
 
 
 def test_f10_different_decision_inputs_are_refused_alike_naming_them():
@@ -200,17 +214,52 @@ def test_f10_different_decision_inputs_are_refused_alike_naming_them():
 
 
 def test_f10_a_creation_failure_anywhere_is_refused_everywhere():
-  out, _ = _run([[(0, 0), (1, 1)]], {0: _record(), 1: _record()},
-                {0: Native(), 1: Native(fail="ncclCommInitRank: unhandled system error")})
+  natives = {0: Native(comm_id=5), 1: Native(fail="ncclCommInitRank: unhandled system error")}
+  out, _ = _run([[(0, 0), (1, 1)]], {0: _record(), 1: _record()}, natives)
   assert str(out[0]) == str(out[1])
   assert "failed in process 1: ncclCommInitRank" in str(out[0])
+  # Process 0 made its set, which nothing will use: it released it (its id
+  # never left distributed.create); process 1 has nothing to release.
+  assert natives[0].destroyed == [5] and natives[1].destroyed == []
+
+
+def test_f10_a_set_that_cannot_be_released_is_logged_and_the_refusal_stands(caplog):
+  natives = {0: Native(comm_id=5, destroy_fails="jax_llar: communicator set 5 holds ..."),
+             1: Native(fail="ncclCommInitRank: unhandled system error")}
+  caplog.set_level(logging.WARNING, logger="jax_llar")
+  out, _ = _run([[(0, 0), (1, 1)]], {0: _record(), 1: _record()}, natives)
+  assert str(out[0]) == str(out[1]) and "failed in process 1" in str(out[0])
+  assert natives[0].destroyed == [5]
+  (r,) = [r for r in caplog.records if r.name == "jax_llar"]
+  assert "communicator set 5 was refused" in r.getMessage()
+  assert "RuntimeError: jax_llar: communicator set 5 holds" in r.getMessage()
+
+
+def test_destroy_comm_set_refuses_an_unknown_id():
+  """The native binding without a GPU: no set exists, so every id is
+  refused, naming it (a set's release on GPUs:
+  tests/gpu/test_failures.py::test_f11_a_set_destroyed_before_use_returns_its_memory)."""
+  import ctypes  # pylint: disable=g-import-not-at-top
+  import importlib  # pylint: disable=g-import-not-at-top
+  if not _ext.built():
+    pytest.skip("the CUDA extension is not built here")
+  path = _ext.nccl_library_path()
+  if path is None:
+    pytest.skip("no libnccl.so.2 to load the CUDA extension with (install the cuda13 extra)")
+  ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+  ext = importlib.import_module("jax_llar._llar")
+  for comm_id in (0, -1, 1, 7, 255, 256, 1 << 40):
+    with pytest.raises(RuntimeError, match=f"^jax_llar: no communicator set {comm_id}$"):
+      ext.destroy_comm_set(comm_id)
 
 
 def test_f10_a_process_that_never_arrives_ends_in_an_error_not_a_hang():
   kv = Store()
+  native = Native()
   with pytest.raises(distributed.SpanError, match="process 1 did not post"):
-    distributed.create(Native(), kv, [[(0, 0), (1, 1)]], 0, _record(), 1000, {0: 0},
+    distributed.create(native, kv, [[(0, 0), (1, 1)]], 0, _record(), 1000, {0: 0},
                        timeout_ms=200)
+  assert native.destroyed == []  # refused at the agreement: no set was made
 
 
 def test_region_agreement_all_or_none():

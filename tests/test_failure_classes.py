@@ -20,7 +20,7 @@ flags, memory, waits) is the GPU suite's.
 | F8 | test_psum (vma, out_specs, grad, vmap, outside shard_map), test_fused | test_transforms::test_f8_typing_grad_vmap_scan | test_f8_* |
 | F9 | - | test_values::test_f9_determinism_across_sizes | test_f9_* |
 | F10 | test_lowering::test_decide_gpu_environment_refusals | (multi-process issue) | test_f10_* |
-| F11 | test_lowering::test_decide_gpu_branches, test_decide_gpu_environment_refusals | test_failures::test_f11_memory_returns_to_its_baseline | test_f11_* |
+| F11 | test_lowering::test_decide_gpu_branches, test_decide_gpu_environment_refusals; test_distributed (a refused set is released) | test_failures::test_f11_memory_returns_to_its_baseline, test_f11_a_set_destroyed_before_use_returns_its_memory | test_f11_* |
 | F12 | test_signature::test_ll128_and_timeout_reports_are_decoded | test_failures::test_f12_*, test_loopback (rank left out) | test_f12_* |
 | F13 | test_signature::test_foreign_signature_report_is_decoded | test_failures::test_f13_*, test_signature_loopback | test_f13_* |
 """

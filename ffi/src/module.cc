@@ -79,6 +79,19 @@ NB_MODULE(_llar, m) {
       "failure (a step that did not complete in time included), after "
       "releasing what it created.");
   m.def(
+      "destroy_comm_set",
+      [](int64_t comm_id) {
+        nb::gil_scoped_release release;
+        llar::DestroyCommSet(comm_id);
+      },
+      nb::arg("comm_id"),
+      "Releases a communicator set that no program can have used: one without "
+      "any scratch region (registry.h: DestroyCommSet). Its id is withdrawn "
+      "first and never reused; its communicators are aborted (ncclCommAbort: "
+      "local, it waits for no other process), its state freed. A second call "
+      "does nothing. Raises RuntimeError for an unknown id or a set that holds "
+      "a region (nothing changes then).");
+  m.def(
       "nccl_unique_id",
       []() {
         const std::string id = llar::NcclUniqueId();

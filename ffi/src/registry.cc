@@ -45,7 +45,8 @@ struct Region {
 
 // Resources of one device of one communicator set. A published set lives as
 // long as the process (a handful per program); a set whose creation fails is
-// released (ReleaseDevices).
+// released (ReleaseDevices), and so is one destroyed before any region
+// (DestroyCommSet).
 struct DeviceResources {
   ncclComm_t comm = nullptr;
   ncclDevComm dev_comm{};
@@ -62,9 +63,12 @@ struct CommSet {
   // The bound, in ms, of each collective set-up step of a group that spans
   // processes (CollectiveStep); unused for groups held whole by this process.
   uint64_t setup_timeout_ms = 0;
-  // Why the set was given up (FailSet); empty while it works. A failed set
-  // has no region and makes no NCCL call again.
+  // Why the set was given up (FailSet) or that it was destroyed
+  // (DestroyCommSet); empty while it works. A failed set has no region and
+  // makes no NCCL call again.
   std::string failed;
+  // DestroyCommSet released it: no devices, no groups; its id stays taken.
+  bool destroyed = false;
 };
 
 std::mutex g_mutex;                                   // guards creation, g_sets, g_preloads
@@ -278,7 +282,8 @@ void CheckStep(const StepBound& bound, ncclResult_t r, const char* what) {
 }
 
 // Releases what CreateGroup made for the devices of a set that was never
-// published (a failure part-way): aborts each communicator (a local call:
+// published (a failure part-way) or that DestroyCommSet withdrew before any
+// region existed: aborts each communicator (a local call:
 // it stops NCCL's thread for it and frees NCCL's resources, device
 // communicators included, without waiting for another process), then frees
 // the state words and the error record. Best effort: errors are ignored and
@@ -753,6 +758,37 @@ int CreateCommSetOfRanks(const std::vector<GroupSpec>& groups, uint64_t timeout_
   // its creation.
   RunPreloadsBestEffort(*g_sets.back(), g_preloads);
   return id;
+}
+
+void DestroyCommSet(int64_t comm_id) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) {
+    Fail("jax_llar: no communicator set " + std::to_string(comm_id));
+  }
+  CommSet& set = *g_sets[comm_id];
+  if (set.destroyed) return;
+  for (const auto& d : set.devices) {
+    for (int64_t a = 1; a < kAlgorithmCount; ++a) {
+      if (d->regions[a]) {
+        Fail("jax_llar: communicator set " + std::to_string(comm_id) + " holds the " +
+             kAlgorithms[a].name +
+             " scratch region, so a program may have been compiled with it; it is kept "
+             "for the life of the process (only a set without regions can be destroyed)");
+      }
+    }
+  }
+  // Withdrawn before anything is freed: instantiate (KeyOf) and execute
+  // (Lookup) find no set, EnsureRegion throws `failed`.
+  g_keys[comm_id].store(0, std::memory_order_release);
+  g_region_masks[comm_id].store(0, std::memory_order_release);
+  for (const auto& d : set.devices) {
+    g_table[comm_id][d->context.ordinal].store(nullptr, std::memory_order_release);
+  }
+  set.failed = "jax_llar: communicator set " + std::to_string(comm_id) + " was destroyed";
+  set.destroyed = true;
+  DeviceGuard guard;
+  ReleaseDevices(set.devices);  // ncclCommAbort, then the state words and error records
+  set.groups.clear();
 }
 
 const DeviceContext* Lookup(int64_t comm_id, int32_t ordinal) {

@@ -1,6 +1,7 @@
 // Communicator registry: NCCL communicators, per-device epoch counters and,
 // per algorithm, a symmetric scratch region with its peer addresses; created
-// once per set of replica groups and kept for the life of the process.
+// once per set of replica groups and kept for the life of the process (except
+// a set that nothing ever used: DestroyCommSet).
 //
 // A set is created without scratch. The region of an algorithm is allocated
 // (and registered as an NCCL window) the first time a lowering picks that
@@ -106,6 +107,30 @@ struct GroupSpec {
 // that are not NVLink peers).
 LLAR_API int CreateCommSetOfRanks(const std::vector<GroupSpec>& groups, uint64_t timeout_ns,
                                   uint64_t setup_timeout_ms);
+
+// Releases communicator set `comm_id` that no program can have used: one
+// whose devices hold no scratch region (EnsureRegion never published one;
+// a set given up by a failed registration keeps the regions it published, so
+// it is refused too). The rule is what makes it safe: the FFI instantiate
+// stage refuses an algorithm without its region (HasRegion), and a kernel
+// reaches the set's memory (state words, error records, scratch) only
+// through a region's argument block, so a set without a region has never
+// been launched with, and after this call no program can be: its id is
+// withdrawn first (KeyOf answers 0, Lookup null, EnsureRegion throws "...
+// was destroyed") and is never given to another set. Then every
+// communicator is aborted (ncclCommAbort: local and bounded, it waits for
+// no other process, so a set whose peers are gone or are destroying theirs
+// is released alike; ncclCommDestroy would be collective), which frees
+// NCCL's resources, device communicators included, and the state words and
+// error records are freed. The caller must hold the id alone: the tools
+// (MembersOf) keep raw handles of a set's members across a run without the
+// registry's lock, which this call would free under them.
+// jax_llar.distributed calls it in a process whose creation succeeded when
+// another process's failed (the set is refused everywhere and would
+// otherwise stay allocated; its id has not been handed out). A second call
+// for the same id does nothing. Throws std::runtime_error for an unknown id or a
+// set that holds a region (then nothing changes).
+LLAR_API void DestroyCommSet(int64_t comm_id);
 
 // A fresh NCCL unique id (ncclGetUniqueId), 128 bytes. Throws
 // std::runtime_error when NCCL fails.

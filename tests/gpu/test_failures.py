@@ -1,6 +1,6 @@
 """Failure classes that need a process of their own: concurrency (F5), epoch
-wrap-around (F4), memory after many executables (F11), rank divergence (F12)
-and a dropped peer write (F13).
+wrap-around (F4), memory after many executables and after a set is destroyed
+(F11), rank divergence (F12) and a dropped peer write (F13).
 
 Each runs a child program (tests/gpu/programs/) that prints one JSON object:
 a mispaired call or a trap poisons the CUDA context of the process that ran
@@ -68,6 +68,34 @@ def test_f11_memory_returns_to_its_baseline():
   # The regions of both algorithms are held, and nothing else.
   (_, regions, _), = p.data["scratch"]
   assert sorted(regions) == ["one_shot_ll", "two_shot_ll"], regions
+
+
+def test_f11_a_set_destroyed_before_use_returns_its_memory():
+  """F11: a communicator set without regions, destroyed (what a process
+  does with a set the other processes refused, jax_llar.distributed), gives
+  its device memory back: after each of 4 sets made and destroyed, memory
+  per GPU is within 16 MiB of the baseline taken after a warm-up set, while
+  4 sets kept hold at least 2 MiB more per GPU than the baseline; a set
+  holding a region is refused and keeps it; a destroyed id is gone for good
+  and never reused; a psum afterwards is right, on the fast path."""
+  p = run_program("comm_set_release")
+  assert p.data is not None and p.rc == 0, p.tail
+  d = p.data
+  base = d["baseline_mib"]
+  for c in d["cycles"]:
+    assert all(u - b <= 16.0 for u, b in zip(c["destroyed_mib"], base)), d
+  # The test can see a set: 4 kept sets hold memory on both GPUs of the group.
+  assert all(u - b >= 2.0 for u, b in zip(d["kept_mib"][-1][:2], base[:2])), d
+  assert d["refusal"] is not None and "holds the one_shot_ll scratch region" in d["refusal"], d
+  assert d["region_set"]["comm_key"] and d["region_set"]["scratch_bytes"] > 0, d
+  assert len(d["region_set"]["regions"]) == 1, d
+  gone = d["destroyed"]
+  assert (gone["comm_key"], gone["regions"], gone["scratch_bytes"]) == (0, [], 0), d
+  assert gone["ensure_region"] is not None and "was destroyed" in gone["ensure_region"], d
+  assert gone["second_destroy"] is None, d
+  ids = [c["id"] for c in d["cycles"]]
+  assert len(set(ids)) == len(ids) and d["next_id"] > max(ids + [d["held_id"]]), d
+  assert d["psum_ok"] and d["fast"], d
 
 
 # --- issue 12, item 5: fault injection (hooks.h, set_fault_for_testing) ---------------
