@@ -397,6 +397,9 @@ struct TwoShotLLKernels : KernelTable<TwoShotLLPick, true, kWorlds...> {
     const uint32_t lines = (a.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
     a.vector_lines = VectorLines(a.n_bytes, {a.in, a.out});
     const TwoShotGrid g = TwoShotGridFor(lines, a.world);
+    // The region holds TwoShotMaxSteps steps; the kernels for 2 ranks batch
+    // that many (kBatch) and compute offsets for all of them.
+    if (g.steps > TwoShotMaxSteps(a.world)) return cudaErrorInvalidValue;
     a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
     const Kernel fn = For(dtype, a.world);
     if (fn == nullptr) return cudaErrorInvalidValue;
