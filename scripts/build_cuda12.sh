@@ -76,7 +76,10 @@ fi
 "$VPY" scripts/cuda12/assemble.py "$DIR/cuda"
 
 # -DCMAKE_CUDA_COMPILER=clang: ffi/CMakeLists.txt's Clang branch (sm_90, the
-# toolkit as --cuda-path, src/clang_cuda_compat.h).
+# toolkit as --cuda-path, src/clang_cuda_compat.h). Built under
+# CUDAFLAGS=-ffast-math unless CUDAFLAGS is set: the branch must undo what an
+# environment's fast math does to the sums (check.py looks at the PTX).
+export CUDAFLAGS=${CUDAFLAGS:--ffast-math}
 if ! cmake -S ffi -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_COMPILER="$(command -v "$CLANG")" -DCUDAToolkit_ROOT="$DIR/cuda" \
     -DPython_EXECUTABLE="$VPY" >"$DIR/configure.log" 2>&1; then
@@ -87,7 +90,11 @@ fi
 if ! cmake --build "$DIR/build" -j "$(nproc)" >"$DIR/build.log" 2>&1; then
   grep -E "error|Error" "$DIR/build.log" | head -n 40 >&2 || true
   tail -n 20 "$DIR/build.log" >&2
-  echo "build_cuda12: the build failed (log: $DIR/build.log)" >&2
+  if [ -n "${KEEP:-}" ] || [ $# -ge 1 ]; then
+    echo "build_cuda12: the build failed (log: $DIR/build.log)" >&2
+  else
+    echo "build_cuda12: the build failed (its log, above, is removed with $DIR; KEEP=1 keeps it)" >&2
+  fi
   exit 1
 fi
 echo "build_cuda12: built with $("$CLANG" --version | head -n 1), CUDA $("$DIR/cuda/bin/ptxas" \

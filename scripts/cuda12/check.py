@@ -92,13 +92,24 @@ def check_library(path):
     if not version or not target or target.group(1) != "sm_90":
       fail(f"{path}: PTX without .version or with target {target and target.group(1)}")
     versions.add(version.group(1))
+  # The rank-order sum's arithmetic (reduce.cuh): its canonical-NaN rule
+  # survives (build_cuda12.sh builds under CUDAFLAGS=-ffast-math, whose
+  # finite-math-only would fold those checks away) and nothing flushes
+  # subnormals to zero.
+  text = b"".join(ptx).decode(errors="replace")
+  if path.endswith("libllar_core.so") and "setp.nan" not in text:
+    fail(f"{path}: no setp.nan in the PTX: the canonical-NaN checks were folded away")
+  ftz = re.findall(r"\b[a-z]+(?:\.[a-z0-9]+)*\.ftz\b", text)
+  if ftz:
+    fail(f"{path}: flush-to-zero instructions in the PTX ({sorted(set(ftz))[:5]})")
   needed = subprocess.run(["readelf", "-d", path], capture_output=True, text=True,
                           check=True).stdout
   cudart = re.findall(r"\[(libcudart[^\]]*)\]", needed)
   if cudart:
     fail(f"{path}: needs {cudart}; the CUDA runtime should be linked statically")
   print(f"check.py: {os.path.basename(path)}: {len(cubins)} sm_90 cubins ({kernels} kernels) "
-        f"+ PTX {'/'.join(sorted(versions))}, static CUDA runtime")
+        f"+ PTX {'/'.join(sorted(versions))}, {text.count('setp.nan')} NaN checks, no "
+        f"flush-to-zero, static CUDA runtime")
 
 
 def main(build):
