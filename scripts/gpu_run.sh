@@ -157,16 +157,23 @@ tune_stage() {
   mkdir -p "$KEEP/tuning" && cp "$OUT"/tuning/*.json "$KEEP/tuning/" &&
     cp "$(ls "$OUT"/*-tune.json | head -n 1)" "$KEEP/tune.json"
 }
-# The one-GPU suite with a prebuilt CUDA 12 extension (cu12 stage).
+# The one-GPU suite with a prebuilt CUDA 12 extension (cu12 stage). The
+# copied libraries are removed again when the stage ends (a later ensure
+# stage on a warm machine must not find them); the stage fails unless the
+# module it imports is the tree's and says CUDA 12.
 cu12_stage() {
   [ -n "${CU12_DIR:-}" ] && [ -f "$CU12_DIR/libllar_core.so" ] ||
     { echo "cu12: CU12_DIR must hold the CUDA 12 build's libraries"; return 2; }
-  $PY -m pip uninstall -y -q jax_llar >/dev/null 2>&1
+  $PY -m pip uninstall -y -q jax_llar >/dev/null 2>&1 || true
+  trap 'rm -f jax_llar/libllar_core.so jax_llar/_llar.*.so jax_llar/_build_info.py \
+    jax_llar/tools/_llar_tools.*.so' RETURN
   cp "$CU12_DIR"/libllar_core.so "$CU12_DIR"/_llar.*.so "$CU12_DIR"/_build_info.py jax_llar/ &&
     cp "$CU12_DIR"/_llar_tools.*.so jax_llar/tools/ || return 2
-  PYTHONPATH=$PWD $PY -c 'import jax_llar._build_info as b, jax_llar._ext as e
+  PYTHONPATH=$PWD $PY -c 'import os, sys, jax_llar._build_info as b, jax_llar._ext as e
 print({k: v for k, v in vars(b).items() if k.isupper()}); m = e.load()
-print("extension loaded:", m is not None, e.reason() if m is None else "")' || return 1
+print("extension loaded:", m is not None, e.reason() if m is None else m.__file__)
+sys.exit(m is None or not b.CUDA_VERSION.startswith("12.")
+         or not os.path.abspath(m.__file__).startswith(os.getcwd() + os.sep))' || return 1
   JAX_LLAR_TEST_GPU=1 PYTHONPATH=$PWD $PY -m pytest -q -rs -p no:cacheprovider \
     ${GPU1_ARGS:-} ${GPU1_TESTS:-tests/gpu1}
 }
