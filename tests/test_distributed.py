@@ -235,10 +235,9 @@ def test_f10_a_set_that_cannot_be_released_is_logged_and_the_refusal_stands(capl
   assert "RuntimeError: jax_llar: communicator set 5 holds" in r.getMessage()
 
 
-def test_destroy_comm_set_refuses_an_unknown_id():
-  """The native binding without a GPU: no set exists, so every id is
-  refused, naming it (a set's release on GPUs:
-  tests/gpu/test_failures.py::test_f11_a_set_destroyed_before_use_returns_its_memory)."""
+def _native_module():
+  """jax_llar._llar without a GPU (its bindings that make no CUDA call, and
+  the refusals before the first one), or a skip."""
   import ctypes  # pylint: disable=g-import-not-at-top
   import importlib  # pylint: disable=g-import-not-at-top
   if not _ext.built():
@@ -247,10 +246,114 @@ def test_destroy_comm_set_refuses_an_unknown_id():
   if path is None:
     pytest.skip("no libnccl.so.2 to load the CUDA extension with (install the cuda13 extra)")
   ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-  ext = importlib.import_module("jax_llar._llar")
+  return importlib.import_module("jax_llar._llar")
+
+
+def test_destroy_comm_set_refuses_an_unknown_id():
+  """The native binding without a GPU: no set exists, so every id is
+  refused, naming it (a set's release on GPUs:
+  tests/gpu/test_failures.py::test_f11_a_set_destroyed_before_use_returns_its_memory)."""
+  ext = _native_module()
   for comm_id in (0, -1, 1, 7, 255, 256, 1 << 40):
     with pytest.raises(RuntimeError, match=f"^jax_llar: no communicator set {comm_id}$"):
       ext.destroy_comm_set(comm_id)
+
+
+# --- NCCL_COMM_BLOCKING in NCCL's configuration files (registry.h: NcclSettingOf) ----
+
+
+def _conf(tmp_path, name, *lines):
+  path = tmp_path / name
+  path.write_bytes("".join(lines).encode())
+  return str(path)
+
+
+def test_nccl_setting_reads_the_environment_then_the_files_in_order(tmp_path, monkeypatch):
+  """NCCL 2.28's precedence (src/misc/param.cc): a variable set in the
+  environment wins, even empty; else the first file that sets it, and in a
+  file its first line (NCCL copies the files into the environment without
+  overwriting)."""
+  ext = _native_module()
+  name = "NCCL_COMM_BLOCKING"
+  monkeypatch.delenv(name, raising=False)
+  user = _conf(tmp_path, "user.conf", "# NCCL_COMM_BLOCKING=7\n", "NCCL_DEBUG=WARN\n",
+               "NCCL_COMM_BLOCKING=1\n", "NCCL_COMM_BLOCKING=0\n")
+  system = _conf(tmp_path, "system.conf", "NCCL_COMM_BLOCKING=0\n")
+  missing = str(tmp_path / "missing.conf")
+  assert ext.nccl_setting(name, files=[missing, user, system]) == ("1", user)
+  assert ext.nccl_setting(name, files=[system, user]) == ("0", system)
+  assert ext.nccl_setting(name, files=[missing]) is None
+  assert ext.nccl_setting("NCCL_DEBUG", files=[user]) == ("WARN", user)
+  monkeypatch.setenv(name, "0")
+  assert ext.nccl_setting(name, files=[user]) == ("0", "the environment")
+  monkeypatch.setenv(name, "")  # set but empty: still the environment's (NCCL's default)
+  assert ext.nccl_setting(name, files=[user]) == ("", "the environment")
+
+
+@pytest.mark.parametrize("lines, want", [
+    (["NCCL_COMM_BLOCKING=1"], "1"),  # no final newline
+    (["NCCL_COMM_BLOCKING=1\r\n"], "1\r"),  # only '\n' is dropped (NCCL 2.28)
+    (["NCCL_COMM_BLOCKING= 1\n"], " 1"),  # nothing trimmed
+    (["NCCL_COMM_BLOCKING=a=b\n"], "a=b"),  # split at the first '='
+    (["NCCL_COMM_BLOCKING=\n", "NCCL_COMM_BLOCKING=1\n"], ""),  # an empty value counts
+    ([" NCCL_COMM_BLOCKING=1\n"], None),  # another name: " NCCL_COMM_BLOCKING"
+    (["NCCL_COMM_BLOCKING =1\n"], None),
+    (["#NCCL_COMM_BLOCKING=1\n"], None),
+    (["NCCL_COMM_BLOCKING\n", "\n", "=1\n"], None),
+    (["NCCL_COMM_BLOCKING_X=1\n", "NCCL_COMM_BLOCKIN=1\n"], None),
+], ids=["no_newline", "crlf", "space_in_value", "equals_in_value", "empty_first",
+        "space_before_name", "space_after_name", "comment", "no_equals", "other_names"])
+def test_nccl_setting_parses_lines_as_nccl_does(tmp_path, monkeypatch, lines, want):
+  ext = _native_module()
+  monkeypatch.delenv("NCCL_COMM_BLOCKING", raising=False)
+  path = _conf(tmp_path, "nccl.conf", *lines)
+  got = ext.nccl_setting("NCCL_COMM_BLOCKING", files=[path])
+  assert got == (None if want is None else (want, path))
+
+
+def test_nccl_conf_files_are_nccls(monkeypatch):
+  """$NCCL_CONF_FILE replaces ~/.nccl.conf, whose home is the password
+  database's (NCCL 2.28 does not read $HOME); /etc/nccl.conf comes last."""
+  import pwd  # pylint: disable=g-import-not-at-top
+  ext = _native_module()
+  monkeypatch.setenv("NCCL_CONF_FILE", "/tmp/mine.conf")
+  assert ext.nccl_conf_files() == ["/tmp/mine.conf", "/etc/nccl.conf"]
+  monkeypatch.setenv("NCCL_CONF_FILE", "")  # empty: as unset
+  monkeypatch.setenv("HOME", "/nonexistent-home")
+  home = pwd.getpwuid(os.getuid()).pw_dir
+  assert ext.nccl_conf_files() == [f"{home}/.nccl.conf", "/etc/nccl.conf"]
+
+
+@pytest.mark.parametrize("value, want", [
+    ("1", 1), (" 1", 1), ("+1", 1), ("0x1", 1), ("01", 1), ("1abc", 1), ("1\r", 1),
+    ("0", 0), ("", -5), ("abc", 0), ("2", 2), ("99999999999999999999", -5),
+])
+def test_nccl_int_value_is_strtoll_base_0(value, want):
+  assert _native_module().nccl_int_value(value, -5) == want
+
+
+def test_nccl_comm_blocking_in_a_conf_file_refuses_a_spanning_group(tmp_path, monkeypatch):
+  """The refusal reads NCCL's files too, names the file, and lets the
+  environment take precedence (it checks before any CUDA device is needed,
+  so it runs here without a GPU)."""
+  ext = _native_module()
+  monkeypatch.delenv("NCCL_COMM_BLOCKING", raising=False)
+  conf = _conf(tmp_path, "nccl.conf", "NCCL_COMM_BLOCKING=0x1\n")
+  monkeypatch.setenv("NCCL_CONF_FILE", conf)
+  spanning = [(2, [0], [0], bytes(128))]
+  with pytest.raises(RuntimeError) as e:
+    ext.create_comm_set_of_ranks(spanning, 1_000_000, 1000)
+  assert str(e.value).startswith(
+      f"jax_llar: NCCL_COMM_BLOCKING=0x1 (set in {conf}, one of NCCL's configuration files) "
+      "makes NCCL's set-up calls blocking"), str(e.value)
+  assert "remove it from that file" in str(e.value)
+  monkeypatch.setenv("NCCL_COMM_BLOCKING", "1")
+  with pytest.raises(RuntimeError, match=r"NCCL_COMM_BLOCKING=1 \(set in the environment\)"):
+    ext.create_comm_set_of_ranks(spanning, 1_000_000, 1000)
+  monkeypatch.setenv("NCCL_COMM_BLOCKING", "0")  # the environment wins over the file
+  with pytest.raises(RuntimeError) as e:
+    ext.create_comm_set_of_ranks(spanning, 1_000_000, 1000)
+  assert "NCCL_COMM_BLOCKING" not in str(e.value)  # refused later, for want of a device
 
 
 def test_f10_a_process_that_never_arrives_ends_in_an_error_not_a_hang():

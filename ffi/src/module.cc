@@ -1,5 +1,6 @@
 // Python module `jax_llar._llar`: hands out the all-reduce's FFI capsules and
-// exposes the communicator registry, nothing else (the kernel bench, the
+// exposes the communicator registry (with the NCCL settings its checks
+// read), nothing else (the kernel bench, the
 // speed-of-light probes, the call trace and the test hooks are in
 // jax_llar.tools._llar_tools, ffi/tools/). No policy lives here; jax_llar/
 // decides. Importing it makes no CUDA call.
@@ -168,6 +169,27 @@ NB_MODULE(_llar, m) {
     return out;
   }, "Reports written by bounded waits (host-mapped, survive a trap): code 1, a "
      "timeout; code 2, a line of another call's signature (args.h: ErrorRecord).");
+
+  m.def(
+      "nccl_setting",
+      [](const std::string& name,
+         std::optional<std::vector<std::string>> files) -> nb::object {
+        const llar::NcclSetting s =
+            llar::NcclSettingOf(name, files ? *files : llar::NcclConfFiles());
+        if (!s.found) return nb::none();
+        return nb::make_tuple(s.value, s.source);
+      },
+      nb::arg("name"), nb::arg("files") = nb::none(),
+      "NCCL's setting `name` as NCCL 2.28 reads it: (value, source), source "
+      "'the environment' or a configuration file's path; None when unset. "
+      "`files`: the configuration files in order of precedence (default: "
+      "nccl_conf_files()). registry.h: NcclSettingOf. Makes no CUDA or NCCL call.");
+  m.def("nccl_conf_files", &llar::NcclConfFiles,
+        "NCCL 2.28's configuration files, highest precedence first: $NCCL_CONF_FILE "
+        "when set (else ~/.nccl.conf), then /etc/nccl.conf.");
+  m.def("nccl_int_value", &llar::NcclIntValue, nb::arg("value"), nb::arg("fallback"),
+        "NCCL's integer reading of a setting's value (strtoll, base 0); `fallback` "
+        "when empty or out of range.");
 
   m.def("nccl_runtime_version", &llar::NcclRuntimeVersion);
   m.def("nccl_compiled_version", &llar::NcclCompiledVersion);

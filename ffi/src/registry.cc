@@ -4,13 +4,18 @@
 #include <nccl.h>
 #include <nccl_device.h>
 
+#include <pwd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -91,11 +96,15 @@ static_assert(kAlgorithmCount <= 32, "g_region_masks holds one bit per algorithm
 // of its set-up is bounded (CollectiveStep).
 bool Spans(const GroupSpec& g) { return !g.unique_id.empty(); }
 
-// NCCL_COMM_BLOCKING=1 overrides ncclConfig_t::blocking = 0, which would make
-// the set-up calls of a spanning group wait without a bound.
-bool NcclForcedBlocking() {
-  const char* v = std::getenv("NCCL_COMM_BLOCKING");
-  return v != nullptr && std::atoi(v) == 1;
+// NCCL_COMM_BLOCKING=1 overrides ncclConfig_t::blocking = 0 (NCCL 2.28's
+// parseCommConfig), which would make the set-up calls of a spanning group
+// wait without a bound. NCCL reads it from the environment or from its
+// configuration files (NcclSettingOf). Returns the setting when it forces
+// blocking communicators, else one not found.
+NcclSetting NcclForcedBlocking() {
+  NcclSetting s = NcclSettingOf("NCCL_COMM_BLOCKING", NcclConfFiles());
+  if (s.found && NcclIntValue(s.value, /*fallback=*/0) == 1) return s;
+  return {};
 }
 
 void ValidateGroups(const std::vector<GroupSpec>& groups, uint64_t setup_timeout_ms) {
@@ -105,10 +114,17 @@ void ValidateGroups(const std::vector<GroupSpec>& groups, uint64_t setup_timeout
       Fail("jax_llar: a replica group that spans processes needs a set-up bound "
            "(setup_timeout_ms > 0)");
     }
-    if (NcclForcedBlocking()) {
-      Fail("jax_llar: NCCL_COMM_BLOCKING=1 makes NCCL's set-up calls blocking, so a process "
-           "that never joins could not be waited for with a bound; unset it to use jax_llar "
-           "for replica groups that span processes");
+    if (const NcclSetting blocking = NcclForcedBlocking(); blocking.found) {
+      const bool env = blocking.source == "the environment";
+      Fail("jax_llar: NCCL_COMM_BLOCKING=" + blocking.value + " (set " +
+           (env ? std::string("in the environment") :
+                  "in " + blocking.source + ", one of NCCL's configuration files") +
+           ") makes NCCL's set-up calls blocking, so a process that never joins could not be "
+           "waited for with a bound; " +
+           (env ? std::string("unset it") :
+                  std::string("remove it from that file (or set NCCL_COMM_BLOCKING=0 in the "
+                              "environment, which takes precedence)")) +
+           " to use jax_llar for replica groups that span processes");
     }
   }
   const int n_dev = CudaDeviceCount();
@@ -939,6 +955,59 @@ void AddPreload(cudaError_t (*preload)()) {
   if (g_sets.size() <= 1) return;  // no set: no CUDA call (not even DeviceGuard's)
   DeviceGuard guard;
   for (size_t id = 1; id < g_sets.size(); ++id) RunPreloadsBestEffort(*g_sets[id], {preload});
+}
+
+NcclSetting NcclSettingOf(const std::string& name, const std::vector<std::string>& files) {
+  if (const char* v = std::getenv(name.c_str())) return {true, v, "the environment"};
+  // NCCL 2.28's setEnvFile: getline, skip a line whose first byte is '#',
+  // drop the final '\n', split at the first '=' (a line without one is
+  // skipped), both sides read as C strings, at most 1023 bytes each, then
+  // setenv(name, value, 0): the first line that sets a name wins.
+  constexpr size_t kMaxPart = 1023;
+  for (const std::string& path : files) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) continue;
+    std::string line;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line[0] == '#') continue;
+      line.resize(std::min(line.size(), line.find('\0')));
+      const size_t eq = line.find('=');
+      if (eq == std::string::npos) continue;
+      if (line.compare(0, std::min(eq, kMaxPart), name) != 0) continue;
+      if (name.empty()) continue;  // setenv refuses an empty name
+      return {true, line.substr(eq + 1, kMaxPart), path};
+    }
+  }
+  return {};
+}
+
+std::vector<std::string> NcclConfFiles() {
+  // NCCL 2.28's initEnvFunc: paths through a 1024-byte buffer. (NCCL 2.30
+  // takes the home directory from $HOME instead.)
+  constexpr size_t kMaxPath = 1023;
+  std::vector<std::string> files;
+  const char* user = std::getenv("NCCL_CONF_FILE");
+  if (user != nullptr && user[0] != '\0') {
+    files.push_back(std::string(user).substr(0, kMaxPath));
+  } else {
+    struct passwd entry;
+    struct passwd* found = nullptr;
+    std::vector<char> buffer(16384);
+    if (getpwuid_r(getuid(), &entry, buffer.data(), buffer.size(), &found) == 0 &&
+        found != nullptr) {
+      const std::string home = found->pw_dir != nullptr ? found->pw_dir : "";
+      files.push_back((home + "/.nccl.conf").substr(0, kMaxPath));
+    }
+  }
+  files.push_back("/etc/nccl.conf");
+  return files;
+}
+
+int64_t NcclIntValue(const std::string& value, int64_t fallback) {
+  if (value.empty()) return fallback;
+  errno = 0;
+  const long long v = std::strtoll(value.c_str(), nullptr, 0);
+  return errno != 0 ? fallback : static_cast<int64_t>(v);
 }
 
 int NcclRuntimeVersion() {

@@ -95,7 +95,9 @@ struct GroupSpec {
 // most `setup_timeout_ms` for the other processes (polling
 // ncclCommGetAsyncError); it must be > 0 when a group spans processes and is
 // unused otherwise. NCCL_COMM_BLOCKING=1, which would make those steps
-// blocking, is refused. `timeout_ns` is the kernels' bounded wait.
+// blocking, is refused, whether it is set in the environment or in one of
+// NCCL's configuration files (NcclSettingOf). `timeout_ns` is the kernels'
+// bounded wait.
 //
 // Throws std::runtime_error on any failure, after aborting every
 // communicator it created (ncclCommAbort: local, it waits for no other
@@ -238,6 +240,31 @@ LLAR_API void SetLauncherOverride(int64_t comm_id, int32_t ordinal, int64_t algo
 // where it uses them. Without communicator sets it makes no CUDA call.
 // Idempotent per function; never throws.
 LLAR_API void AddPreload(cudaError_t (*preload)());
+
+// A setting as NCCL 2.28 reads it (src/misc/param.cc): the process
+// environment first (a variable that is set wins, even empty), else the
+// first line `NAME=VALUE` for it in NCCL's configuration files, in NCCL's
+// order (NcclConfFiles): the first file that sets it wins, and within a file
+// its first line. A file line is NAME, '=', VALUE with nothing trimmed;
+// lines starting with '#' and lines without '=' are skipped. (NCCL copies
+// the files' values into the environment without overwriting when it first
+// reads a setting, which gives this precedence.) An NCCL environment plugin
+// (NCCL_ENV_PLUGIN), which may answer otherwise, is not consulted.
+struct NcclSetting {
+  bool found = false;
+  std::string value;
+  std::string source;  // "the environment" or the file's path
+};
+LLAR_API NcclSetting NcclSettingOf(const std::string& name,
+                                   const std::vector<std::string>& files);
+// NCCL 2.28's configuration files, highest precedence first: $NCCL_CONF_FILE
+// when set and not empty, else ~/.nccl.conf (the home directory of the
+// password database's entry for this user, not $HOME); then /etc/nccl.conf.
+LLAR_API std::vector<std::string> NcclConfFiles();
+// NCCL's integer reading of a setting's value (ncclLoadParam: strtoll with
+// base 0, so "1", " 1", "0x1" and "1abc" are all 1); `fallback` for an
+// empty value or one out of range.
+LLAR_API int64_t NcclIntValue(const std::string& value, int64_t fallback);
 
 LLAR_API int NcclRuntimeVersion();
 LLAR_API int NcclCompiledVersion();
