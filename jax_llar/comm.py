@@ -48,8 +48,9 @@ class CommSet:
   groups: tuple[tuple[int, ...], ...]
   world_size: int
   # For a set spanning processes (get_or_create_spanning): algorithm ->
-  # the native ensure_region's ``agree`` callable; None for one process.
-  agreement: Callable[[Algorithm], Callable[[int, str], bool]] | None = dataclasses.field(
+  # the native ensure_region's ``agree(group, stage, local_error)`` callable
+  # (jax_llar.distributed.region_agreement); None for one process.
+  agreement: Callable[[Algorithm], Callable[[int, str, str], bool]] | None = dataclasses.field(
       default=None, compare=False, repr=False)
   # For a set spanning processes: the decision inputs the processes agreed
   # on (jax_llar.distributed.decision_inputs); a lowering whose inputs have
@@ -65,7 +66,10 @@ class CommSet:
         allocated is freed, the region stays absent, and the failure is
         remembered: later calls for this set and algorithm raise it again at
         once (every psum lowered afterwards falls back with its reason)
-        instead of allocating again.
+        instead of allocating again. For a set spanning processes, a
+        registration that failed in any process gives up the whole set in
+        every process (registry.h: EnsureRegion): every algorithm's later
+        calls raise.
     """
     mod = _ext.load()
     if mod is None:

@@ -29,15 +29,21 @@ coordinator):
    process whose own creation succeeded releases its set when the verdict
    refuses it (native ``destroy_comm_set``: its communicators aborted, which
    waits for no other process), so a refused set holds nothing anywhere.
-3. **Regions** (per algorithm, when a lowering first picks it). The
-   registration of symmetric memory is collective, so a process that could
-   not allocate must not leave the others waiting inside NCCL: after its
-   local allocations each process posts its outcome, reads the others', and
-   all enter ``ncclCommWindowRegister`` only when all allocated
-   (`region_agreement`; registry.h: ``RegionAgreement``). A registration
-   that then fails or does not complete in time makes that process give up
-   the whole set (its regions withdrawn, its communicators aborted; the
-   others' registrations then fail too; registry.h: ``EnsureRegion``).
+3. **Regions** (per algorithm, when a lowering first picks it), in two
+   agreed stages (`region_agreement`; registry.h: ``RegionAgreement``).
+   The registration of symmetric memory is collective, so a process that
+   could not allocate must not leave the others waiting inside NCCL: after
+   its local allocations each process posts its outcome, and all enter
+   ``ncclCommWindowRegister`` only when all allocated (stage `ALLOCATED`).
+   The registration can then complete in one process and fail in another
+   (an error, or its bound passing just as NCCL's closing barrier
+   completes), so before anything is published each process posts
+   "registered" or its error (stage `REGISTERED`): the region is published
+   only when every process registered; otherwise every process gives up
+   the whole set alike (its regions withdrawn; its communicators kept when
+   it has published a region before, for the programs compiled with it,
+   else aborted; registry.h: ``EnsureRegion``), so no process runs the
+   fast path while its peer falls back to NCCL.
 
 Each step ends in one **verdict** per key of the store (`verdict`): the
 first proposal written wins and every process acts on it, so a process that
@@ -48,9 +54,11 @@ and so is every collective NCCL call of the set-up, with the same bound:
 the native code creates the communicators non-blocking and gives each
 collective step (``ncclCommInitRank``, ``ncclDevCommCreate``,
 ``ncclCommWindowRegister``) at most that long for the other processes,
-then aborts its communicators (``ncclCommAbort``) and frees what it made,
-so a process that died or never arrived turns into an error naming the
-step ("ncclCommInitRank did not complete within N ms ..."). A refused set
+then gives up: it aborts its communicators (``ncclCommAbort``) and frees
+what it made (except after a failed registration in a set that published a
+region before: step 3), so a process that died or never arrived turns into
+an error naming the step ("ncclCommInitRank did not complete within N ms
+..."). A refused set
 is a ``CommError`` and a fallback to ``lax.psum`` in every process, and a
 lowering whose decision inputs changed after the agreement refuses
 (jax_llar.lowering). After the set-up, the kernels' bounded wait turns a
@@ -365,32 +373,80 @@ def _release(mod, comm_id: int) -> None:
                        type(e).__name__, e)
 
 
+# The stages of a region's set-up at which the processes of a group agree
+# (the ``stage`` argument of `region_agreement`'s callable; registry.h:
+# RegionAgreement): after the local allocations, before the collective
+# registration; after the registration and the peer tables, before the
+# region is published.
+ALLOCATED = "allocated"
+REGISTERED = "registered"
+
+
 def region_agreement(kv: KeyValueStore, key: str, algorithm: int,
                      group_processes: Sequence[Sequence[int]], group_index: Sequence[int],
-                     me: int, timeout_ms: int | None = None) -> Callable[[int, str], bool]:
-  """Step 3 of the module docstring: the ``agree`` callable of the native
-  ``ensure_region`` for a set spanning processes. For local group `i` (the
-  set's order; `group_index[i]` is its global index) it posts this
-  process's allocation outcome and returns True only when every process of
-  that group (`group_processes[global index]`) allocated. Never raises (a
-  store failure counts as a failed allocation)."""
+                     me: int, timeout_ms: int | None = None
+                     ) -> Callable[[int, str, str], bool]:
+  """Step 3 of the module docstring: the ``agree(i, stage, local_error)``
+  callable of the native ``ensure_region`` for a set spanning processes.
+  For local group `i` (the set's order; `group_index[i]` is its global
+  index) and `stage` (`ALLOCATED` or `REGISTERED`) it posts this process's
+  outcome (`local_error`, "" for success) and returns True only when every
+  process of that group (`group_processes[global index]`) succeeded at that
+  stage; every process of the group gets the same answer (one verdict per
+  stage). Store keys: ``<set key>/region/<algorithm>/<group>`` and, for
+  `REGISTERED`, that key + ``/registered``. Never raises (a store failure,
+  or an unknown stage, counts as a failure)."""
   timeout_ms = bootstrap_timeout_ms() if timeout_ms is None else timeout_ms
 
-  def agree(i: int, local_error: str) -> bool:
+  def agree(i: int, stage: str, local_error: str) -> bool:
     gi = group_index[i]
-
-    def judge(got: dict[int, str]) -> str:
-      bad = [f"process {p}: {v}" for p, v in sorted(got.items()) if v != "ok"]
-      return f"a region could not be allocated ({'; '.join(bad)})" if bad else GO
-
+    base = f"{key}/region/{algorithm}/{gi}"
     try:
-      _agreed(kv, f"{key}/region/{algorithm}/{gi}", group_processes[gi], me,
-              local_error or "ok", timeout_ms, judge)
-    except Exception:  # SpanError or the store's own: never raise into the native caller
-      return False
-    return True
+      if stage == ALLOCATED:
+        return _region_verdict(kv, base, group_processes[gi], me, "ok", local_error,
+                               timeout_ms, "allocating a region")
+      if stage == REGISTERED:
+        return _region_verdict(kv, f"{base}/registered", group_processes[gi], me,
+                               "registered", local_error, timeout_ms, "registering a region")
+    except Exception:  # pylint: disable=broad-except
+      pass  # the store's own errors: never raise into the native caller
+    return False  # an unknown stage, or the store failed: refused
 
   return agree
+
+
+def _region_verdict(kv: KeyValueStore, base: str, processes: Sequence[int], me: int,
+                    ok: str, local_error: str, timeout_ms: int, what: str) -> bool:
+  """One stage of `region_agreement`: posts `ok`, or `local_error` when
+  this process failed, under base/<me>; returns whether the stage's verdict
+  (`verdict`) is GO, which it is only when every process posted `ok`.
+
+  A process that failed proposes its refusal at once, without reading the
+  others' posts (a process that its NCCL step waited for may be gone), and
+  returns False. Only the verdict is read after a GO, never the posts again,
+  so a process whose reads of the posts timed out follows a GO that the
+  others act on. False, too, when the verdict can be neither written nor
+  read (the store failed in this process)."""
+  if local_error:
+    try:
+      _post(kv, base, me, local_error)
+    except SpanError:
+      pass  # the others then time out, and every process reads the verdict
+    try:
+      verdict(kv, base, f"{what} failed in process {me}: {local_error}", timeout_ms)
+    except SpanError:
+      pass
+    return False
+  try:
+    posts = _read_all(kv, base, processes, me, ok, timeout_ms)
+    bad = [f"process {p}: {v}" for p, v in sorted(posts.items()) if v != ok]
+    proposal = f"{what} failed ({'; '.join(bad)})" if bad else GO
+  except SpanError as e:
+    proposal = str(e)
+  try:
+    return verdict(kv, base, proposal, timeout_ms) == GO
+  except SpanError:
+    return False
 
 
 def decision_record(world: int, architecture: str | None) -> dict[str, Any]:

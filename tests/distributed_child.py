@@ -1,8 +1,8 @@
 """Child of tests/test_distributed.py (not a test file): one of two CPU
 processes under jax.distributed, started by python -m jax_llar.tools.launch.
-Runs the set bootstrap and a region agreement of jax_llar.distributed through
-the real key-value store, with the fake native module of the test, and prints
-one JSON line."""
+Runs the set bootstrap and a region agreement (both stages) of
+jax_llar.distributed through the real key-value store, with the fake native
+module of the test, and prints one JSON line."""
 
 from __future__ import annotations
 
@@ -33,4 +33,6 @@ agree = distributed.region_agreement(kv, distributed.set_key(groups), 1, [[0, 1]
                                      timeout_ms=30000)
 print(json.dumps({"me": me, "processes": jax.process_count(), "comm_id": comm_id,
                   "order": order, "spec": [native.specs[0][0], native.specs[0][1]],
-                  "uid": native.specs[0][3].hex(), "agree": agree(0, "")}))
+                  "uid": native.specs[0][3].hex(),
+                  "agree": [agree(0, distributed.ALLOCATED, ""),
+                            agree(0, distributed.REGISTERED, "")]}))

@@ -369,13 +369,13 @@ def test_region_agreement_all_or_none():
   kv = Store()
   members, order = [[0, 1]], [0]
 
-  def both(errors, key):
+  def both(errors, key, stage=distributed.ALLOCATED):
     got = {}
 
     def one(me):
       agree = distributed.region_agreement(kv, key, 1, members, order, me,
                                            timeout_ms=5000)
-      got[me] = agree(0, errors[me])
+      got[me] = agree(0, stage, errors[me])
 
     threads = [threading.Thread(target=one, args=(p,)) for p in (0, 1)]
     for t in threads:
@@ -386,9 +386,129 @@ def test_region_agreement_all_or_none():
 
   assert both({0: "", 1: ""}, "a") == {0: True, 1: True}
   assert both({0: "", 1: "cudaMalloc: out of memory"}, "b") == {0: False, 1: False}
+  # The two stages of one region have keys of their own.
+  assert both({0: "", 1: ""}, "c", distributed.REGISTERED) == {0: True, 1: True}
+  assert both({0: "", 1: ""}, "c", distributed.ALLOCATED) == {0: True, 1: True}
+  assert kv.values["c/region/1/0/registered/verdict"] == distributed.GO
+  assert kv.values["c/region/1/0/registered/1"] == "registered"
+  assert kv.values["c/region/1/0/1"] == "ok"
   # A peer that never posts: False after the timeout, never an exception.
   agree = distributed.region_agreement(Store(), "k", 1, members, order, 0, timeout_ms=100)
-  assert agree(0, "") is False
+  assert agree(0, distributed.ALLOCATED, "") is False
+  assert agree(0, distributed.REGISTERED, "") is False
+  assert agree(0, "published", "") is False  # an unknown stage is refused
+
+
+class RegionNative:
+  """The native EnsureRegion's steps for one process of a spanning group
+  (registry.h: EnsureRegion, RegionAgreement), with the agreement of
+  jax_llar.distributed: allocate, agree at "allocated", register (after
+  `delay` seconds; `register_error` is this process's outcome: an NCCL error,
+  or its bound passing while the others' step completes), agree at
+  "registered", publish only on True, else give up the set. `stages` records
+  what it did."""
+
+  def __init__(self, alloc_error="", register_error="", delay=0.0):
+    self.alloc_error, self.register_error, self.delay = alloc_error, register_error, delay
+    self.stages = []
+
+  def ensure_region(self, comm_id, algorithm, agree):
+    del comm_id, algorithm
+    import time  # pylint: disable=g-import-not-at-top
+    if not agree(0, distributed.ALLOCATED, self.alloc_error) or self.alloc_error:
+      self.stages.append("refused before registering")
+      raise RuntimeError("region refused")
+    self.stages.append("registering")
+    time.sleep(self.delay)
+    if agree(0, distributed.REGISTERED, self.register_error) and not self.register_error:
+      self.stages.append("published")
+      return
+    self.stages.append("gave up the set")
+    raise RuntimeError("set given up")
+
+
+def _ensure_in_both(natives, timeout_ms=5000):
+  """RegionNative.ensure_region in one thread per process (0 and 1), with
+  the agreement of one key-value store; {process: seconds to return}."""
+  import time  # pylint: disable=g-import-not-at-top
+  kv, seconds = Store(), {}
+
+  def one(me):
+    agree = distributed.region_agreement(kv, "k", 1, [[0, 1]], [0], me, timeout_ms=timeout_ms)
+    start = time.monotonic()
+    try:
+      natives[me].ensure_region(3, 1, agree)
+    except RuntimeError:
+      pass
+    seconds[me] = time.monotonic() - start
+
+  threads = [threading.Thread(target=one, args=(p,)) for p in natives]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(60)
+  return seconds
+
+
+def test_f10_a_region_every_process_registered_is_published_everywhere():
+  natives = {0: RegionNative(), 1: RegionNative(delay=0.2)}
+  _ensure_in_both(natives)
+  assert natives[0].stages == natives[1].stages == ["registering", "published"]
+
+
+@pytest.mark.parametrize("failing, late", [(1, 0), (0, 0)],
+                         ids=["process_1_fails_first", "process_0_fails_last"])
+def test_f10_a_registration_that_fails_in_one_process_is_published_in_none(failing, late):
+  """The registration completes in one process (NCCL's closing barrier
+  passed) and fails in the other (here: its bound ran out just before it
+  saw its own step complete). Neither publishes: both give up the set, in
+  either order of arrival, and the failing process does not wait for the
+  other's post (it may be gone)."""
+  error = ("jax_llar: ncclCommWindowRegister did not complete within 4000 ms for rank 1 of 2 "
+           "(CUDA device 0): a process of the group may have died or not reached this step")
+  natives = {p: RegionNative(register_error=error if p == failing else "",
+                             delay=0.5 if p == late else 0.0) for p in (0, 1)}
+  seconds = _ensure_in_both(natives, timeout_ms=4000)
+  for p in (0, 1):
+    assert natives[p].stages == ["registering", "gave up the set"], (p, natives[p].stages)
+  if failing != late:  # the failing process came first: it did not wait for the other
+    assert seconds[failing] < 0.4, seconds
+  assert max(seconds.values()) < 3, seconds  # nobody waited out the store's bound
+
+
+def test_f10_a_region_that_one_process_cannot_allocate_is_registered_nowhere():
+  natives = {0: RegionNative(), 1: RegionNative(alloc_error="ncclMemAlloc: out of memory")}
+  _ensure_in_both(natives)
+  assert natives[0].stages == natives[1].stages == ["refused before registering"]
+
+
+def test_f10_a_region_go_is_followed_by_a_process_whose_reads_timed_out():
+  """The region stages act on the verdict alone: process 0 saw every post
+  and wrote GO; process 1's reads of the posts time out, and it still
+  publishes with process 0 (it does not read the posts again, which could
+  fail and leave process 0 alone on the fast path)."""
+  kv = Store()
+  base = "k/region/1/0/registered"
+  kv.key_value_set(f"{base}/0", "registered")
+  kv.key_value_set(f"{base}/verdict", distributed.GO)
+
+  class Deaf(Store):
+    """Posts go through; every read of a post times out, the verdict's
+    read does not."""
+
+    def __init__(self, inner):
+      self.inner = inner
+
+    def key_value_set(self, key, value):
+      self.inner.key_value_set(key, value)
+
+    def blocking_key_value_get(self, key, timeout_in_ms):
+      if not key.endswith("/verdict"):
+        raise TimeoutError("DEADLINE_EXCEEDED")
+      return self.inner.blocking_key_value_get(key, timeout_in_ms)
+
+  agree = distributed.region_agreement(Deaf(kv), "k", 1, [[0, 1]], [0], 1, timeout_ms=100)
+  assert agree(0, distributed.REGISTERED, "") is True
 
 
 def test_decision_inputs_follow_the_settings(monkeypatch):
@@ -499,7 +619,7 @@ def test_f10_two_cpu_processes_bootstrap_through_jax_distributed():
   assert sorted(lines) == [0, 1]
   for p, got in lines.items():
     assert (got["me"], got["processes"], got["comm_id"], got["order"]) == (p, 2, 3, [0])
-    assert got["spec"] == [2, [p]] and got["agree"] is True
+    assert got["spec"] == [2, [p]] and got["agree"] == [True, True]
   assert lines[0]["uid"] == lines[1]["uid"] and len(lines[0]["uid"]) == 256
 
 

@@ -102,18 +102,23 @@ NB_MODULE(_llar, m) {
   m.def(
       "ensure_region",
       [](int64_t comm_id, int64_t algorithm,
-         std::optional<std::function<bool(int, const std::string&)>> agree) {
+         std::optional<std::function<bool(int, const std::string&, const std::string&)>>
+             agree) {
         nb::gil_scoped_release release;
         // The callable runs with the GIL taken again (nanobind's wrapper).
         llar::EnsureRegion(comm_id, algorithm, agree ? &*agree : nullptr);
       },
       nb::arg("comm_id"), nb::arg("algorithm"), nb::arg("agree") = nb::none(),
       "Allocates and registers the symmetric scratch region of `algorithm` (FFI "
-      "id) on every device of the set, once. `agree(group: int, local_error: str) -> bool`, "
-      "for groups spanning processes: called after the local allocations and "
-      "before the collective registration; it must return True only when every "
-      "process of the group allocated (registry.h: RegionAgreement) and must not "
-      "raise. Raises RuntimeError on failure.");
+      "id) on every device of the set, once. `agree(group: int, stage: str, "
+      "local_error: str) -> bool`, for groups spanning processes: called with "
+      "stage 'allocated' after the local allocations and before the collective "
+      "registration, then with stage 'registered' after the registration and "
+      "before the region is published; it must return True only when every "
+      "process of the group succeeded at that stage (registry.h: "
+      "RegionAgreement) and must not raise. Raises RuntimeError on failure; "
+      "after a failed registration the whole set is given up (registry.h: "
+      "EnsureRegion).");
   m.def("regions", &llar::RegionsOf, nb::arg("comm_id"),
         "FFI ids of the algorithms whose scratch regions the set holds.");
   m.def(

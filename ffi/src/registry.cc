@@ -23,6 +23,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "errors.h"
@@ -69,11 +70,21 @@ struct CommSet {
   // processes (CollectiveStep); unused for groups held whole by this process.
   uint64_t setup_timeout_ms = 0;
   // Why the set was given up (FailSet) or that it was destroyed
-  // (DestroyCommSet); empty while it works. A failed set has no region and
-  // makes no NCCL call again.
+  // (DestroyCommSet); empty while it works. A failed set has no region
+  // (those it published are withdrawn, not freed) and makes no NCCL call
+  // again.
   std::string failed;
   // DestroyCommSet released it: no devices, no groups; its id stays taken.
   bool destroyed = false;
+  // Regions of a failed registration in a set that kept its communicators
+  // (FailSet): NCCL's thread may still be inside the step, using their
+  // memory and writing its outputs into them (the window handle, the device
+  // communicator), and the other processes may have mapped their scratch,
+  // so neither they nor their memory are ever freed.
+  std::vector<std::unique_ptr<Region>> abandoned;
+  // FailNextRegistrationForTesting: the next registration fails once it is
+  // complete (BuildRegions).
+  bool fail_next_registration = false;
 };
 
 std::mutex g_mutex;                                   // guards creation, g_sets, g_preloads
@@ -504,13 +515,17 @@ void CreateLLA2AComms(std::vector<std::unique_ptr<DeviceResources>>& all, size_t
 // (CreateLLA2AComms) instead of a symmetric window of ours.
 //
 // A failure frees the region's allocations, and a later call tries again;
-// except that when a collective step of a spanning group fails
-// (CollectiveStepFailed: the other processes may still be inside it, NCCL's
-// thread may still use the region), the whole set is given up first
-// (FailSet), and the set's failure is what every later EnsureRegion raises.
+// except that when the registration failed in some process of a spanning
+// group, or a step after it failed here (CollectiveStepFailed: the other
+// processes may still be inside the step, or may have completed it; NCCL's
+// thread may still use the region), the whole set is given up (FailSet, by
+// EnsureRegion's rule), and the set's failure is what every later
+// EnsureRegion raises. The region that failed is then freed only when the
+// communicators were aborted; otherwise it is kept (CommSet::abandoned).
 void BuildRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
                   int world, int64_t algorithm, int group, const RegionAgreement* agree,
-                  const StepBound& bound, std::vector<std::unique_ptr<Region>>& regions);
+                  const StepBound& bound, bool& fail_once,
+                  std::vector<std::unique_ptr<Region>>& regions);
 void ReleaseUnpublished(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first,
                         std::vector<std::unique_ptr<Region>>& regions, bool comms_alive);
 void AllocateRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
@@ -519,7 +534,7 @@ void AllocateRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t 
 void FinishRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
                    int world, int64_t algorithm, uint64_t bytes, bool lla2a,
                    const StepBound& bound, std::vector<std::unique_ptr<Region>>& regions);
-void FailSet(CommSet& set, int64_t comm_id, const std::string& why);
+bool FailSet(CommSet& set, int64_t comm_id, const std::string& why);
 
 void CreateRegion(CommSet& set, int64_t comm_id, size_t group, size_t first, int64_t algorithm,
                   const RegionAgreement* agree) {
@@ -532,12 +547,13 @@ void CreateRegion(CommSet& set, int64_t comm_id, size_t group, size_t first, int
   std::vector<std::unique_ptr<Region>> regions;
   try {
     BuildRegions(all, first, n, world, algorithm, static_cast<int>(group), agree, bound,
-                 regions);
+                 set.fail_next_registration, regions);
   } catch (const CollectiveStepFailed& e) {
-    FailSet(set, comm_id,
-            std::string(e.what()) + "; this process gave up communicator set " +
-                std::to_string(comm_id) + " (its regions withdrawn, its communicators aborted)");
-    ReleaseUnpublished(all, first, regions, /*comms_alive=*/false);
+    if (FailSet(set, comm_id, e.what())) {
+      ReleaseUnpublished(all, first, regions, /*comms_alive=*/false);
+    } else {
+      for (auto& r : regions) set.abandoned.push_back(std::move(r));
+    }
     Fail(set.failed);
   } catch (...) {
     ReleaseUnpublished(all, first, regions, /*comms_alive=*/true);
@@ -551,13 +567,29 @@ void CreateRegion(CommSet& set, int64_t comm_id, size_t group, size_t first, int
   }
 }
 
+// Calls `agree` for `stage`; a throw counts as a refusal (RegionAgreement
+// must not throw).
+bool Agree(const RegionAgreement& agree, int group, const char* stage,
+           const std::string& local_error) {
+  try {
+    return agree(group, stage, local_error);
+  } catch (...) {
+    return false;
+  }
+}
+
 // CreateRegion's work up to publication: fills `regions` (one per local
 // device of the group, `n` of the group's `world` ranks, each pushed before
 // its first allocation, so that a failure leaves every allocation reachable
-// for ReleaseUnpublished).
+// for ReleaseUnpublished). Returns when every process of the group (this
+// one alone without `agree`) completed the region; throws
+// CollectiveStepFailed when the set must be given up (EnsureRegion's rule),
+// std::runtime_error for a failure that leaves the set as it was. Clears
+// `fail_once` (the test hook) when it fails the registration.
 void BuildRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t first, int n,
                   int world, int64_t algorithm, int group, const RegionAgreement* agree,
-                  const StepBound& bound, std::vector<std::unique_ptr<Region>>& regions) {
+                  const StepBound& bound, bool& fail_once,
+                  std::vector<std::unique_ptr<Region>>& regions) {
   const AlgorithmEntry& entry = kAlgorithms[algorithm];
   const uint64_t bytes = RegionBytes(static_cast<Algorithm>(algorithm), world);
   const bool lla2a = entry.lla2a_slots != nullptr;  // NCCL's buffer, no scratch of ours
@@ -569,12 +601,48 @@ void BuildRegions(std::vector<std::unique_ptr<DeviceResources>>& all, size_t fir
   }
   // Every process of the group learns whether every process allocated
   // before any enters the collective calls below.
-  if (agree != nullptr && !(*agree)(group, local_error) && local_error.empty()) {
+  if (agree != nullptr && !Agree(*agree, group, kStageAllocated, local_error) &&
+      local_error.empty()) {
     Fail(std::string("jax_llar: another process of the group could not allocate its ") +
          entry.name + " region (its error is in that process's log)");
   }
   if (!local_error.empty()) Fail(local_error);
-  FinishRegions(all, first, n, world, algorithm, bytes, lla2a, bound, regions);
+
+  // The registration, then (stage "registered") the outcome in every
+  // process, before anything is published: a registration can complete in
+  // one process (its barrier passed) while another's bound ran out just
+  // before it saw its own complete.
+  std::string error;
+  bool collective = false;  // the step itself failed: the set must be given up
+  try {
+    FinishRegions(all, first, n, world, algorithm, bytes, lla2a, bound, regions);
+    if (std::exchange(fail_once, false)) {
+      throw CollectiveStepFailed(std::string("jax_llar: ") +
+                                 (lla2a ? "ncclDevCommCreate (LL all-to-all)"
+                                        : "ncclCommWindowRegister") +
+                                 " made to fail after it completed for " + bound.who +
+                                 " (test hook: FailNextRegistrationForTesting)");
+    }
+  } catch (const CollectiveStepFailed& e) {
+    error = e.what();
+    collective = true;
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (agree == nullptr) {  // this process holds every rank of the group
+    if (collective) throw CollectiveStepFailed(error);
+    if (!error.empty()) Fail(error);
+    return;
+  }
+  // A spanning group: every process publishes, or every process gives up
+  // the set (the others' registrations completed, or may still complete,
+  // with this process's memory).
+  if (Agree(*agree, group, kStageRegistered, error) && error.empty()) return;
+  throw CollectiveStepFailed(
+      error.empty() ? std::string("jax_llar: another process of the group could not "
+                                  "complete the registration of its ") +
+                          entry.name + " region (its error is in that process's log)"
+                    : error);
 }
 
 // BuildRegions' local allocations (scratch, peer table) on each local device.
@@ -687,27 +755,48 @@ void ReleaseUnpublished(std::vector<std::unique_ptr<DeviceResources>>& all, size
   regions.clear();
 }
 
-// Gives up `set` (id `comm_id`) after a collective step of one of its
-// spanning groups failed part-way (CreateRegion): records `why`, withdraws
-// every region (HasRegion answers false, so lowerings ask EnsureRegion, which
-// raises `why`; the execute handler finds no argument block), then aborts
-// every communicator of the set. The abort stops NCCL's threads (so the
-// step's unpublished region can be freed) and closes this process's
-// connections, so the other processes' steps end in an error instead of
-// completing without this one. The published regions' memory is kept:
-// programs captured earlier may still address it (they fail, as any call
-// whose peer is gone). The caller holds g_mutex.
-void FailSet(CommSet& set, int64_t comm_id, const std::string& why) {
-  set.failed = why;
+// Gives up `set` (id `comm_id`) after a region's registration failed in
+// some process of one of its groups (CreateRegion), by EnsureRegion's rule
+// (registry.h): records `why`, withdraws every region (HasRegion answers
+// false, so lowerings ask EnsureRegion, which raises it; the execute handler
+// finds no argument block), and then:
+// - when the set has published a region (a program may have been compiled
+//   with it): keeps every communicator, and so NCCL's mappings of the peers'
+//   memory, and every region's memory. ncclCommAbort would free the
+//   communicator (NCCL 2.28: commReclaim, commFree, ncclDevrFinalize), which
+//   unmaps and releases the whole load/store-accessible address range that
+//   the published regions' peer tables point into (ncclGetLsaPointer), while
+//   kernels of programs captured earlier may still run, or be replayed from
+//   a CUDA graph without the handler: they would store to unmapped addresses
+//   (an illegal address, no error record) or into memory mapped there later.
+//   Kept, they end as any call whose peer is gone does: in the bounded-wait
+//   error, with a report. No NCCL call is made on the set again.
+// - when it has none: no program was ever launched with it (the instantiate
+//   stage refuses an algorithm without its region), so every communicator is
+//   aborted: that stops NCCL's threads (so the failed region can be freed)
+//   and closes this process's connections, so the other processes' steps end
+//   in an error instead of waiting out their bound.
+// Returns whether it aborted the communicators. The caller holds g_mutex.
+bool FailSet(CommSet& set, int64_t comm_id, const std::string& why) {
+  bool published = false;
+  for (const auto& d : set.devices) {
+    for (const auto& r : d->regions) published = published || r != nullptr;
+  }
+  set.failed = why + "; this process gave up communicator set " + std::to_string(comm_id) +
+               (published ? " (its regions withdrawn; its communicators and memory kept for "
+                            "the programs already compiled with it)"
+                          : " (its regions withdrawn, its communicators aborted)");
   g_region_masks[comm_id].store(0, std::memory_order_release);
   for (auto& d : set.devices) {
     for (auto& args : d->context.args) args.store(nullptr, std::memory_order_release);
   }
+  if (published) return false;
   for (auto& d : set.devices) {
     if (d->comm != nullptr) (void)ncclCommAbort(d->comm);
     d->comm = nullptr;
   }
   (void)cudaGetLastError();
+  return true;
 }
 
 // Runs `preloads` on every device of `set`, ignoring their results
@@ -955,6 +1044,14 @@ void AddPreload(cudaError_t (*preload)()) {
   if (g_sets.size() <= 1) return;  // no set: no CUDA call (not even DeviceGuard's)
   DeviceGuard guard;
   for (size_t id = 1; id < g_sets.size(); ++id) RunPreloadsBestEffort(*g_sets[id], {preload});
+}
+
+void FailNextRegistrationForTesting(int64_t comm_id) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) {
+    Fail("jax_llar: no communicator set " + std::to_string(comm_id));
+  }
+  g_sets[comm_id]->fail_next_registration = true;
 }
 
 NcclSetting NcclSettingOf(const std::string& name, const std::vector<std::string>& files) {

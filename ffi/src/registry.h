@@ -15,7 +15,8 @@
 // For groups that span processes, every collective set-up step (NCCL's
 // communicator creation, device communicators, window registration) runs on
 // non-blocking communicators and waits a bounded time for the other
-// processes; a failed creation releases what it made.
+// processes; a failed creation releases what it made, and a failed
+// registration gives up the set (EnsureRegion says what it keeps).
 #ifndef LLAR_REGISTRY_H_
 #define LLAR_REGISTRY_H_
 
@@ -112,14 +113,15 @@ LLAR_API int CreateCommSetOfRanks(const std::vector<GroupSpec>& groups, uint64_t
 
 // Releases communicator set `comm_id` that no program can have used: one
 // whose devices hold no scratch region (EnsureRegion never published one;
-// a set given up by a failed registration keeps the regions it published, so
-// it is refused too). The rule is what makes it safe: the FFI instantiate
-// stage refuses an algorithm without its region (HasRegion), and a kernel
-// reaches the set's memory (state words, error records, scratch) only
-// through a region's argument block, so a set without a region has never
-// been launched with, and after this call no program can be: its id is
-// withdrawn first (KeyOf answers 0, Lookup null, EnsureRegion throws "...
-// was destroyed") and is never given to another set. Then every
+// a set given up by a failed registration keeps the regions it published,
+// and its communicators, EnsureRegion, so it is refused too). The rule is
+// what makes it safe: the FFI instantiate stage refuses an algorithm
+// without its region (HasRegion), and a kernel reaches the set's memory
+// (state words, error records, scratch) only through a region's argument
+// block, so a set without a region has never been launched with, and after
+// this call no program can be: its id is withdrawn first (KeyOf answers 0,
+// Lookup null, EnsureRegion throws "... was destroyed") and is never given
+// to another set. Then every
 // communicator is aborted (ncclCommAbort: local and bounded, it waits for
 // no other process, so a set whose peers are gone or are destroying theirs
 // is released alike; ncclCommDestroy would be collective), which frees
@@ -145,26 +147,56 @@ LLAR_API std::string NcclUniqueId();
 // a no-op when the region exists. Serialised with creation; safe while
 // programs of the set run (nothing they use changes). Throws
 // std::runtime_error for an unknown set or algorithm or a CUDA/NCCL failure
-// (then the region's allocations are freed, the region stays absent and a
-// later call tries again). For a group that spans processes, the collective
-// registration is bounded like CreateCommSetOfRanks' steps; when it fails
-// (an error, or the bound passes: another process may still be inside it),
-// this process gives up the whole set: its regions are withdrawn (HasRegion
-// false; the execute handler finds no argument block), its communicators
-// aborted, and this and every later EnsureRegion of the set throws that
-// failure.
+// before the registration (then the region's allocations are freed, the
+// region stays absent and a later call tries again).
 //
-// For groups that span processes, `agree` (may be null) is called once per
-// group whose region is created, after this process's local allocations and
-// before the collective window registration, with the group's index in the
-// set (the order of CreateCommSetOfRanks' groups) and this process's
-// allocation error ("" when none); it must tell every process of the group the same
-// outcome (jax_llar.distributed: through the key-value store) and return true
-// only when every process allocated. On false (or a local error) the
-// allocations are freed and EnsureRegion throws, in every process alike,
-// before any of them enters the collective call that the others would never
-// join.
-using RegionAgreement = std::function<bool(int group, const std::string& local_error)>;
+// For a group that spans processes, the collective registration is bounded
+// like CreateCommSetOfRanks' steps. When the registration fails in any
+// process of the group (an error, or the bound passes: another process may
+// still be inside it), or a step after it fails locally, every process gives
+// up the whole set: its regions are withdrawn (HasRegion false; the execute
+// handler finds no argument block), and this and every later EnsureRegion of
+// the set throws that failure. What happens to the set's NCCL resources
+// depends on whether programs can hold its memory:
+// - a set that published a region (of any algorithm, any group) keeps its
+//   communicators and everything they map, the region that failed included.
+//   ncclCommAbort would unmap the whole load/store-accessible address range
+//   of each communicator (NCCL 2.28: ncclDevrFinalize), which the published
+//   regions' peer tables point into, while programs captured earlier may
+//   still run their kernels (in flight, or CUDA graph replays, which never
+//   call the handler again): they would touch unmapped memory (an illegal
+//   address, with no error record), or memory mapped there later. Kept, those
+//   kernels end like any call whose peer is gone: in the bounded-wait error.
+//   The set's memory stays allocated for the life of the process.
+// - a set that never published a region has never been launched with (the
+//   instantiate stage refuses an algorithm without its region): its
+//   communicators are aborted (ncclCommAbort, local: it stops NCCL's thread
+//   and closes this process's connections, so the other processes' steps end
+//   in an error instead of waiting out their bound) and the failed region's
+//   memory is freed.
+//
+// For groups that span processes, `agree` (may be null) is called twice per
+// group whose region is created, with the group's index in the set (the
+// order of CreateCommSetOfRanks' groups), a stage and this process's error
+// ("" when none); it must tell every process of the group the same outcome
+// (jax_llar.distributed: one verdict per stage in the key-value store) and
+// return true only when every process succeeded. It must not throw (a throw
+// counts as false).
+// - stage "allocated": after this process's local allocations, before the
+//   collective registration. On false (or a local error) the allocations are
+//   freed and EnsureRegion throws, in every process alike, before any of them
+//   enters the collective call that the others would never join.
+// - stage "registered": after the registration and the peer tables (the
+//   steps FinishRegions takes), before publication; the error is the
+//   registration's (a timeout included: NCCL may have completed it in
+//   another process, whose barrier this one had reached) or that of a later
+//   local step. The region is published only on true; on false (or a local
+//   error) the set is given up as above, in every process alike, so that no
+//   process runs the fast path with a peer that fell back to NCCL.
+using RegionAgreement =
+    std::function<bool(int group, const std::string& stage, const std::string& local_error)>;
+inline constexpr const char* kStageAllocated = "allocated";
+inline constexpr const char* kStageRegistered = "registered";
 LLAR_API void EnsureRegion(int64_t comm_id, int64_t algorithm,
                            const RegionAgreement* agree = nullptr);
 
@@ -240,6 +272,14 @@ LLAR_API void SetLauncherOverride(int64_t comm_id, int32_t ordinal, int64_t algo
 // where it uses them. Without communicator sets it makes no CUDA call.
 // Idempotent per function; never throws.
 LLAR_API void AddPreload(cudaError_t (*preload)());
+
+// Test hook (bound only by the tools module): the next region that
+// EnsureRegion creates for `comm_id` fails in this process once its
+// registration and peer tables are complete, as when the set-up bound passes
+// just as NCCL completes the step; the set is then given up as for a failed
+// registration of a spanning group (EnsureRegion), whichever kind of group it
+// holds. Throws std::runtime_error for an unknown set.
+LLAR_API void FailNextRegistrationForTesting(int64_t comm_id);
 
 // A setting as NCCL 2.28 reads it (src/misc/param.cc): the process
 // environment first (a variable that is set wins, even empty), else the
