@@ -81,3 +81,17 @@ def test_fault_injection_names_the_faults_it_knows():
   # A known fault goes on to the registry, which has no such set here.
   with pytest.raises(RuntimeError, match="communicator set"):
     tools.set_fault_for_testing(12345, 0, "delay_rank")
+
+
+def test_registration_fault_and_one_device_epochs_refuse_an_unknown_set():
+  """The hooks of the given-up-set GPU test (tests/gpu/test_failures.py::
+  test_f11_a_set_given_up_after_use_keeps_its_memory) name the set they
+  cannot find (no GPU needed)."""
+  try:
+    import jax_llar.tools._llar_tools as tools  # pylint: disable=g-import-not-at-top
+  except ImportError as e:  # not built (no nvcc), or no libnccl.so.2 to load it with
+    pytest.skip(f"the tools module does not load here: {e}")
+  with pytest.raises(RuntimeError, match="^jax_llar: no communicator set 12345$"):
+    tools.fail_next_registration_for_testing(12345)
+  with pytest.raises(RuntimeError, match="communicator set 12345"):
+    tools.set_epoch_for_testing(12345, 1 << 20, device=1)

@@ -136,8 +136,9 @@ std::pair<uint64_t, std::vector<uint64_t>> ReadCallTrace(int64_t comm_id,
   return {epoch, std::move(words)};
 }
 
-void SetEpochForTesting(int64_t comm_id, uint64_t epoch) {
-  const std::vector<Member> members = AllMembers(comm_id);
+void SetEpochForTesting(int64_t comm_id, uint64_t epoch, int32_t ordinal) {
+  const std::vector<Member> members =
+      ordinal < 0 ? AllMembers(comm_id) : std::vector<Member>{MemberOn(comm_id, ordinal)};
   std::lock_guard<std::mutex> lock(g_mutex);
   DeviceGuard guard;
   for (const Member& m : members) {

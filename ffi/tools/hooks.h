@@ -32,8 +32,10 @@ void DisableCallTrace(int64_t comm_id);
 std::pair<uint64_t, std::vector<uint64_t>> ReadCallTrace(int64_t comm_id, int32_t ordinal);
 
 // F4: synchronises the devices of the set, stores `epoch` in every epoch
-// counter and re-zeroes the scratch.
-void SetEpochForTesting(int64_t comm_id, uint64_t epoch);
+// counter and re-zeroes the scratch, on every device of the set, or with
+// `ordinal` >= 0 on that device only (its peers then wait for lines of
+// epochs it never sends: a peer that is gone, for programs captured before).
+void SetEpochForTesting(int64_t comm_id, uint64_t epoch, int32_t ordinal = -1);
 
 // The fault-injection modes (F13 and issue 12, item 5), compiled in (ffi/tools) and
 // off by default: programs captured afterwards on device `ordinal` launch the

@@ -24,6 +24,7 @@
 #include "loopback_add_rms_norm.h"
 #include "one_shot_ll_diag.h"
 #include "preload.h"
+#include "registry.h"
 #include "sol.h"
 #include "store_atomicity.h"
 
@@ -403,8 +404,21 @@ NB_MODULE(_llar_tools, m) {
       "device at once), RuntimeError for a CUDA failure while setting up.");
 
   m.def("set_epoch_for_testing", &llar::SetEpochForTesting, nb::arg("comm_id"),
-        nb::arg("epoch"),
-        "Test hook (F4): every epoch counter of the set := epoch; scratch re-zeroed.");
+        nb::arg("epoch"), nb::arg("device") = -1,
+        "Test hook (F4): every epoch counter of the set := epoch; scratch re-zeroed. "
+        "With `device` >= 0, on that CUDA device only (its peers then wait for "
+        "epochs it never sends).");
+  m.def(
+      "fail_next_registration_for_testing",
+      [](int64_t comm_id) {
+        nb::gil_scoped_release release;  // takes the registry's mutex (module.cc of _llar)
+        llar::FailNextRegistrationForTesting(comm_id);
+      },
+      nb::arg("comm_id"),
+      "Test hook (registry.h: FailNextRegistrationForTesting): the next region "
+      "ensure_region creates for the set fails once its registration is complete, "
+      "and the set is given up as after a failed registration. RuntimeError for "
+      "an unknown set.");
   m.def(
       "set_fault_for_testing",
       [](int64_t comm_id, int32_t device, const std::string& fault) {

@@ -1,6 +1,7 @@
 """Failure classes that need a process of their own: concurrency (F5), epoch
-wrap-around (F4), memory after many executables and after a set is destroyed
-(F11), rank divergence (F12) and a dropped peer write (F13).
+wrap-around (F4), memory after many executables, after a set is destroyed and
+after a set is given up (F11), rank divergence (F12) and a dropped peer write
+(F13).
 
 Each runs a child program (tests/gpu/programs/) that prints one JSON object:
 a mispaired call or a trap poisons the CUDA context of the process that ran
@@ -96,6 +97,40 @@ def test_f11_a_set_destroyed_before_use_returns_its_memory():
   ids = [c["id"] for c in d["cycles"]]
   assert len(set(ids)) == len(ids) and d["next_id"] > max(ids + [d["held_id"]]), d
   assert d["psum_ok"] and d["fast"], d
+
+
+def test_f11_a_set_given_up_after_use_keeps_its_memory():
+  """F11: a set whose later registration fails (test hook: the step fails
+  once complete, as when the bound passes just as NCCL completes it) is
+  given up but keeps its communicators and memory, because a program
+  compiled before holds its one-shot region (registry.h: EnsureRegion):
+  that program's graph, replayed afterwards, still sums right (an abort
+  would have unmapped the peers' memory under it: an illegal address), and
+  once its peer sends nothing it ends in the bounded-wait error with a
+  report; new lowerings fall back to lax.psum."""
+  p = run_program("set_given_up", env={"JAX_LLAR_TIMEOUT_MS": "1500",
+                                       "XLA_FLAGS": "--xla_gpu_graph_min_graph_size=1"})
+  assert p.data is not None, p.tail
+  d = p.data
+  assert d["fast_before"] and d["before_ok"] == [True] * 3, d
+  assert d["given_up"] is not None, d
+  assert "made to fail after it completed" in d["given_up"], d["given_up"]
+  assert "its communicators and memory kept" in d["given_up"], d["given_up"]
+  assert d["regions_before"] == ["one_shot_ll"] and d["regions_after"] == [], d
+  assert d["scratch_after"] == d["scratch_before"] > 0, d  # nothing freed
+  fb = d["fallback"]
+  assert fb is not None and not fb["fast"] and fb["reason"] == "communicator", d
+  assert "gave up communicator set" in fb["detail"], fb
+  replay = d["replay"]
+  assert not (replay["error"] and "no one_shot_ll scratch region" in replay["error"]["message"]), (
+      "XLA called the handler again instead of replaying the captured graph, so this "
+      f"run cannot show what the graph's kernels reach: {replay}")
+  assert replay["error"] is None and replay["ok"] is True, replay
+  assert replay["reports"] == [], replay
+  gone = d["gone"]
+  assert gone["error"] is not None and gone["ok"] is None, gone
+  assert "illegal" not in gone["error"]["message"].lower(), gone
+  assert _report_of(gone["reports"], rank=0, peer=1), gone["reports"]
 
 
 # --- issue 12, item 5: fault injection (hooks.h, set_fault_for_testing) ---------------
