@@ -88,7 +88,14 @@ struct CommSet {
 };
 
 std::mutex g_mutex;                                   // guards creation, g_sets, g_preloads
-std::vector<std::unique_ptr<CommSet>> g_sets(1);      // index = comm id; 0 unused
+// Index = comm id; 0 unused. Never destroyed, deliberately (a leak at exit):
+// a kept communicator's NCCL thread may still be inside an asynchronous
+// registration that writes through the pointers it was given (&Region::window
+// of an abandoned region, CommSet::abandoned) while static destructors run,
+// so nothing this registry owns may be freed at exit. The rule: the registry
+// outlives the process; its memory goes back to the system with it.
+std::vector<std::unique_ptr<CommSet>>& g_sets =
+    *new std::vector<std::unique_ptr<CommSet>>(1);
 std::vector<cudaError_t (*)()> g_preloads;            // AddPreload, best-effort
 std::array<std::array<std::atomic<const DeviceContext*>, kMaxOrdinals>,
            kMaxCommSets>
