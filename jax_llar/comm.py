@@ -100,7 +100,8 @@ class CommSet:
 
   @property
   def scratch_bytes(self) -> int:
-    """Bytes of symmetric scratch held per device (the sum of its regions)."""
+    """Bytes of symmetric scratch held per device (the sum of its regions,
+    those kept by a set that was given up included: never freed)."""
     mod = _ext.loaded()
     return int(mod.scratch_bytes(self.comm_id)) if mod else 0
 

@@ -40,7 +40,8 @@ def status() -> dict[str, Any]:
       ``comm_sets``: one dict per communicator set (``comm_id``, ``groups``
         of CUDA ordinals, ``world_size``, ``regions``: the algorithms whose
         scratch regions it holds, allocated when a lowering first picked
-        them, ``scratch_bytes_per_device``: their sum);
+        them, ``scratch_bytes_per_device``: their sum, the regions kept by a
+        set that was given up included (never freed: registry.h, ScratchBytesOf));
       ``settings``: the current ``jax_llar.config.settings`` as a dict;
       ``tuning``: the tuning tables (``jax_llar.tuning``): ``tuning_file``
         and ``tuning_dir`` (as set), ``shipped`` (file names of the tables

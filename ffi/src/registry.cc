@@ -81,7 +81,8 @@ struct CommSet {
   // memory and writing its outputs into them (the window handle, the device
   // communicator), and the other processes may have mapped their scratch,
   // so neither they nor their memory are ever freed.
-  std::vector<std::unique_ptr<Region>> abandoned;
+  // Each with the index of its device in `devices` (ScratchBytesOf counts them).
+  std::vector<std::pair<size_t, std::unique_ptr<Region>>> abandoned;
   // FailNextRegistrationForTesting: the next registration fails once it is
   // complete (BuildRegions).
   bool fail_next_registration = false;
@@ -559,7 +560,9 @@ void CreateRegion(CommSet& set, int64_t comm_id, size_t group, size_t first, int
     if (FailSet(set, comm_id, e.what())) {
       ReleaseUnpublished(all, first, regions, /*comms_alive=*/false);
     } else {
-      for (auto& r : regions) set.abandoned.push_back(std::move(r));
+      for (size_t i = 0; i < regions.size(); ++i) {
+        set.abandoned.emplace_back(first + i, std::move(regions[i]));
+      }
     }
     Fail(set.failed);
   } catch (...) {
@@ -943,12 +946,17 @@ bool HasRegion(int64_t comm_id, int64_t algorithm) {
 uint64_t ScratchBytesOf(int64_t comm_id) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (comm_id <= 0 || comm_id >= static_cast<int64_t>(g_sets.size())) return 0;
-  uint64_t most = 0;
-  for (const auto& d : g_sets[comm_id]->devices) {
-    uint64_t bytes = 0;
-    for (const auto& r : d->regions) bytes += r ? r->bytes : 0;
-    most = std::max(most, bytes);
+  const CommSet& set = *g_sets[comm_id];
+  std::vector<uint64_t> bytes(set.devices.size(), 0);
+  for (size_t i = 0; i < set.devices.size(); ++i) {
+    for (const auto& r : set.devices[i]->regions) bytes[i] += r ? r->bytes : 0;
   }
+  // The regions kept in a given-up set hold their memory too (FailSet).
+  for (const auto& [device, r] : set.abandoned) {
+    if (r != nullptr && device < bytes.size()) bytes[device] += r->bytes;
+  }
+  uint64_t most = 0;
+  for (const uint64_t b : bytes) most = std::max(most, b);
   return most;
 }
 

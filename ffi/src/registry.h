@@ -224,7 +224,8 @@ LLAR_API int64_t KeyOfGroups(const std::vector<GroupSpec>& groups);
 LLAR_API const DeviceContext* Lookup(int64_t comm_id, int32_t ordinal);
 
 // Bytes of symmetric scratch one device of `comm_id` holds: the sum of its
-// regions' RegionBytes for the largest group; 0 when the id is unknown.
+// regions' RegionBytes for the largest group, the regions kept in a given-up
+// set (CommSet::abandoned: never freed) included; 0 when the id is unknown.
 LLAR_API uint64_t ScratchBytesOf(int64_t comm_id);
 // The algorithms whose regions `comm_id` holds, in id order.
 LLAR_API std::vector<int64_t> RegionsOf(int64_t comm_id);
