@@ -277,16 +277,37 @@ NB_MODULE(_llar_tools, m) {
       "reader_blocks, threads_per_block, writer_sms, reader_sms. ValueError for a "
       "bad spec, RuntimeError for a CUDA failure while setting up or no peer access.");
 
-  m.def("enable_call_trace", &llar::EnableCallTrace, nb::arg("comm_id"),
-        "Start recording device timestamps of every call (TRACE_SLOTS entries) "
-        "in programs captured from now on; call it while no other thread runs "
-        "programs.");
-  m.def("disable_call_trace", &llar::DisableCallTrace, nb::arg("comm_id"),
-        "Stop recording device timestamps (the last buffer stays readable).");
+  // Every hook that reaches the registry (its mutex, through hooks.cc's
+  // MemberOn/AllMembers) releases the GIL first, as _llar's bindings do
+  // (module.cc of _llar): a spanning ensure_region holds that mutex while its
+  // `agree` waits for the GIL. Python inputs are copied before, results built
+  // after.
+  m.def(
+      "enable_call_trace",
+      [](int64_t comm_id) {
+        nb::gil_scoped_release release;
+        llar::EnableCallTrace(comm_id);
+      },
+      nb::arg("comm_id"),
+      "Start recording device timestamps of every call (TRACE_SLOTS entries) "
+      "in programs captured from now on; call it while no other thread runs "
+      "programs.");
+  m.def(
+      "disable_call_trace",
+      [](int64_t comm_id) {
+        nb::gil_scoped_release release;
+        llar::DisableCallTrace(comm_id);
+      },
+      nb::arg("comm_id"),
+      "Stop recording device timestamps (the last buffer stays readable).");
   m.def(
       "read_call_trace",
       [](int64_t comm_id, int32_t device) {
-        auto r = llar::ReadCallTrace(comm_id, device);
+        std::pair<uint64_t, std::vector<uint64_t>> r;
+        {
+          nb::gil_scoped_release release;
+          r = llar::ReadCallTrace(comm_id, device);
+        }
         return nb::make_tuple(r.first, r.second);
       },
       nb::arg("comm_id"), nb::arg("device"),
@@ -403,8 +424,13 @@ NB_MODULE(_llar_tools, m) {
       "ValueError for a bad case (also when the ranks' grids do not fit on the "
       "device at once), RuntimeError for a CUDA failure while setting up.");
 
-  m.def("set_epoch_for_testing", &llar::SetEpochForTesting, nb::arg("comm_id"),
-        nb::arg("epoch"), nb::arg("device") = -1,
+  m.def(
+      "set_epoch_for_testing",
+      [](int64_t comm_id, uint64_t epoch, int32_t device) {
+        nb::gil_scoped_release release;  // takes the registry's mutex
+        llar::SetEpochForTesting(comm_id, epoch, device);
+      },
+      nb::arg("comm_id"), nb::arg("epoch"), nb::arg("device") = -1,
         "Test hook (F4): every epoch counter of the set := epoch; scratch re-zeroed. "
         "With `device` >= 0, on that CUDA device only (its peers then wait for "
         "epochs it never sends).");
@@ -436,6 +462,7 @@ NB_MODULE(_llar_tools, m) {
                                  "; known: none, drop_peer_writes, corrupt_flag, delay_rank")
                                     .c_str());
         }
+        nb::gil_scoped_release release;  // takes the registry's mutex
         llar::SetFaultForTesting(comm_id, device, f);
       },
       nb::arg("comm_id"), nb::arg("device"), nb::arg("fault"),
