@@ -348,7 +348,11 @@ def test_nccl_comm_blocking_in_a_conf_file_refuses_a_spanning_group(tmp_path, mo
       "makes NCCL's set-up calls blocking"), str(e.value)
   assert "remove it from that file" in str(e.value)
   monkeypatch.setenv("NCCL_COMM_BLOCKING", "1")
-  with pytest.raises(RuntimeError, match=r"NCCL_COMM_BLOCKING=1 \(set in the environment\)"):
+  # In the environment it may be the user's, or a file's value that NCCL
+  # copied there: the message says both and how to undo either.
+  with pytest.raises(RuntimeError, match=r"NCCL_COMM_BLOCKING=1 \(set in the environment: by the "
+                     r"user, or copied there by NCCL from one of its configuration files\)"
+                     r".*unset it, or remove it from NCCL's configuration file"):
     ext.create_comm_set_of_ranks(spanning, 1_000_000, 1000)
   monkeypatch.setenv("NCCL_COMM_BLOCKING", "0")  # the environment wins over the file
   with pytest.raises(RuntimeError) as e:

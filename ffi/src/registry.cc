@@ -134,13 +134,20 @@ void ValidateGroups(const std::vector<GroupSpec>& groups, uint64_t setup_timeout
            "(setup_timeout_ms > 0)");
     }
     if (const NcclSetting blocking = NcclForcedBlocking(); blocking.found) {
+      // In the environment, the value may be the user's or one that NCCL
+      // copied there from one of its configuration files (its first
+      // initialisation does setenv(name, value, 0) for each file's lines).
       const bool env = blocking.source == "the environment";
       Fail("jax_llar: NCCL_COMM_BLOCKING=" + blocking.value + " (set " +
-           (env ? std::string("in the environment") :
+           (env ? std::string("in the environment: by the user, or copied there by NCCL "
+                              "from one of its configuration files") :
                   "in " + blocking.source + ", one of NCCL's configuration files") +
            ") makes NCCL's set-up calls blocking, so a process that never joins could not be "
            "waited for with a bound; " +
-           (env ? std::string("unset it") :
+           (env ? std::string("unset it, or remove it from NCCL's configuration file "
+                              "($NCCL_CONF_FILE, ~/.nccl.conf, /etc/nccl.conf) and set "
+                              "NCCL_COMM_BLOCKING=0 in the environment, which takes "
+                              "precedence,") :
                   std::string("remove it from that file (or set NCCL_COMM_BLOCKING=0 in the "
                               "environment, which takes precedence)")) +
            " to use jax_llar for replica groups that span processes");
