@@ -331,8 +331,11 @@ def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], 
   comm_id, error = 0, ""
   try:
     comm_id = mod.create_comm_set_of_ranks(specs, timeout_ns, setup_timeout_ms=timeout_ms)
-  except RuntimeError as e:
-    error = str(e) or "failed"
+  except Exception as e:  # pylint: disable=broad-except
+    # Any exception is this process's failure, posted for the others (one
+    # left uncaught would leave them waiting for a post that never comes).
+    error = (str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
+             ) or "failed"
   base = f"{key}/made"
   if error:
     # This process failed, so the set is refused whatever the others did:

@@ -360,6 +360,42 @@ def test_nccl_comm_blocking_in_a_conf_file_refuses_a_spanning_group(tmp_path, mo
   assert "NCCL_COMM_BLOCKING" not in str(e.value)  # refused later, for want of a device
 
 
+def test_a_non_utf8_byte_in_an_nccl_conf_file_is_a_runtime_error(tmp_path, monkeypatch):
+  """A configuration file's bytes need not be UTF-8 ("NCCL_COMM_BLOCKING=1"
+  then byte 0xff): the refusal is a RuntimeError whose text escapes the
+  byte, and nccl_setting gives it back as a lone surrogate, never a
+  UnicodeDecodeError."""
+  ext = _native_module()
+  monkeypatch.delenv("NCCL_COMM_BLOCKING", raising=False)
+  conf = tmp_path / "bad.conf"
+  conf.write_bytes(b"NCCL_COMM_BLOCKING=1\xff\n")
+  assert ext.nccl_setting("NCCL_COMM_BLOCKING", files=[str(conf)]) == ("1\udcff", str(conf))
+  monkeypatch.setenv("NCCL_CONF_FILE", str(conf))
+  with pytest.raises(RuntimeError) as e:
+    ext.create_comm_set_of_ranks([(2, [0], [0], bytes(128))], 1_000_000, 1000)
+  assert str(e.value).startswith("jax_llar: NCCL_COMM_BLOCKING=1\\xff (set in "), str(e.value)
+
+
+def test_f10_any_exception_of_the_native_creation_is_posted_as_the_failure():
+  """An exception other than RuntimeError in one process's native creation
+  (a UnicodeDecodeError before the fix above) is still posted: every
+  process refuses with its text, none waits for a post that never comes."""
+  bad = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+  class Odd(Native):
+    def create_comm_set_of_ranks(self, specs, timeout_ns, setup_timeout_ms):
+      raise bad
+
+  natives = {0: Native(), 1: Odd()}
+  out, kv = _run([[(0, 0), (1, 1)]], {0: _record(), 1: _record()}, natives, timeout_ms=20_000)
+  assert all(isinstance(e, distributed.SpanError) for e in out.values()), out
+  assert str(out[0]) == str(out[1]) == (
+      f"creating the communicators failed in process 1: UnicodeDecodeError: {bad}")
+  assert natives[0].destroyed == [3]
+  assert kv.values[distributed.set_key([[(0, 0), (1, 1)]]) + "/made/1"].startswith(
+      "UnicodeDecodeError")
+
+
 def test_f10_a_process_that_never_arrives_ends_in_an_error_not_a_hang():
   kv = Store()
   native = Native()

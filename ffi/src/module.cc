@@ -182,11 +182,21 @@ NB_MODULE(_llar, m) {
         const llar::NcclSetting s =
             llar::NcclSettingOf(name, files ? *files : llar::NcclConfFiles());
         if (!s.found) return nb::none();
-        return nb::make_tuple(s.value, s.source);
+        // A configuration file's bytes need not be UTF-8: undecodable bytes
+        // come back as lone surrogates (Python's "surrogateescape"), never a
+        // UnicodeDecodeError.
+        auto text = [](const std::string& v) {
+          PyObject* o = PyUnicode_DecodeUTF8(v.data(), static_cast<Py_ssize_t>(v.size()),
+                                             "surrogateescape");
+          if (o == nullptr) nb::raise_python_error();
+          return nb::steal<nb::str>(o);
+        };
+        return nb::make_tuple(text(s.value), text(s.source));
       },
       nb::arg("name"), nb::arg("files") = nb::none(),
       "NCCL's setting `name` as NCCL 2.28 reads it: (value, source), source "
-      "'the environment' or a configuration file's path; None when unset. "
+      "'the environment' or a configuration file's path (bytes that are not UTF-8 "
+      "decoded with 'surrogateescape'); None when unset. "
       "`files`: the configuration files in order of precedence (default: "
       "nccl_conf_files()). registry.h: NcclSettingOf. Makes no CUDA or NCCL call.");
   m.def("nccl_conf_files", &llar::NcclConfFiles,

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <cstdio>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -126,6 +127,23 @@ NcclSetting NcclForcedBlocking() {
   return {};
 }
 
+// `text` for a message: bytes outside printable ASCII as \xNN, so that a
+// value read from a file (a configuration file's bytes need not be UTF-8)
+// always reaches Python as a RuntimeError's text.
+std::string Printable(const std::string& text) {
+  std::string out;
+  for (const unsigned char c : text) {
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof(hex), "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return out;
+}
+
 void ValidateGroups(const std::vector<GroupSpec>& groups, uint64_t setup_timeout_ms) {
   if (groups.empty()) Fail("jax_llar: no replica groups given");
   if (std::any_of(groups.begin(), groups.end(), Spans)) {
@@ -138,10 +156,10 @@ void ValidateGroups(const std::vector<GroupSpec>& groups, uint64_t setup_timeout
       // copied there from one of its configuration files (its first
       // initialisation does setenv(name, value, 0) for each file's lines).
       const bool env = blocking.source == "the environment";
-      Fail("jax_llar: NCCL_COMM_BLOCKING=" + blocking.value + " (set " +
+      Fail("jax_llar: NCCL_COMM_BLOCKING=" + Printable(blocking.value) + " (set " +
            (env ? std::string("in the environment: by the user, or copied there by NCCL "
                               "from one of its configuration files") :
-                  "in " + blocking.source + ", one of NCCL's configuration files") +
+                  "in " + Printable(blocking.source) + ", one of NCCL's configuration files") +
            ") makes NCCL's set-up calls blocking, so a process that never joins could not be "
            "waited for with a bound; " +
            (env ? std::string("unset it, or remove it from NCCL's configuration file "
