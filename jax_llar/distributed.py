@@ -219,28 +219,19 @@ def verdict(kv: KeyValueStore, base: str, proposal: str, timeout_ms: int) -> str
 
 
 def _agreed(kv: KeyValueStore, base: str, processes: Sequence[int], me: int, mine: str,
-            timeout_ms: int, judge: Callable[[dict[int, str]], str]) -> dict[int, str]:
+            timeout_ms: int, judge: Callable[[dict[int, str]], str]) -> None:
   """`_read_all`, then `verdict` on `judge(values)` (GO, or why not; a
   timeout proposes its own text); raises SpanError with the verdict's text
-  unless it is GO. Returns the values when GO."""
+  unless it is GO. Returns on GO without reading the posts again (no caller
+  needs them): a process whose reads timed out follows a GO that another
+  process wrote, as `_region_verdict` does, and never refuses alone."""
   try:
-    values = _read_all(kv, base, processes, me, mine, timeout_ms)
-    proposal = judge(values)
+    proposal = judge(_read_all(kv, base, processes, me, mine, timeout_ms))
   except SpanError as e:
-    values, proposal = {}, str(e)
+    proposal = str(e)
   final = verdict(kv, base, proposal, timeout_ms)
   if final != GO:
     raise SpanError(final)
-  if not values:
-    # GO from a process that read every post after this one's reads timed
-    # out: the posts exist now, so read them again and go on with the others.
-    try:
-      values = {p: kv.blocking_key_value_get(f"{base}/{p}", timeout_ms)
-                for p in processes}
-    except Exception as e:
-      raise SpanError(f"{base}: the others agreed, but this process cannot read their "
-                      f"posts ({type(e).__name__}: {e})") from None
-  return values
 
 
 def agree_on_set(kv: KeyValueStore, key: str, processes: Sequence[int], me: int,

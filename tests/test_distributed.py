@@ -680,8 +680,9 @@ def test_f10_a_late_process_follows_the_early_ones_refusal_and_never_enters_nccl
 
 def test_f10_a_go_verdict_is_followed_by_a_process_whose_reads_timed_out():
   """The reverse order: process 0 saw every post and wrote GO first; process
-  1's reads then time out, but it reads the posts again and goes on with the
-  others (a refusal here would leave process 0 alone in NCCL)."""
+  1's reads then time out, and it goes on with the others on the verdict
+  alone, without reading the posts again (a refusal here, or a failed
+  re-read, would leave process 0 alone in NCCL)."""
   kv = Store()
   base = "k/record"
   kv.key_value_set(f"{base}/0", "a")
@@ -700,6 +701,37 @@ def test_f10_a_go_verdict_is_followed_by_a_process_whose_reads_timed_out():
         raise TimeoutError("DEADLINE_EXCEEDED")  # the first read misses
       return self.inner.blocking_key_value_get(key, timeout_in_ms)
 
-  got = distributed._agreed(Slow(kv), base, [0, 1], 1, "b", 100,
-                            lambda v: distributed.GO)  # pylint: disable=protected-access
-  assert got == {0: "a", 1: "b"}
+  slow = Slow(kv)
+  distributed._agreed(slow, base, [0, 1], 1, "b", 100,
+                      lambda v: distributed.GO)  # pylint: disable=protected-access
+  assert slow.calls == 2  # the missed read, then the verdict; no post read again
+  assert kv.values[f"{base}/verdict"] == distributed.GO
+
+
+def test_f10_a_go_at_made_is_followed_by_a_process_that_cannot_read_the_posts():
+  """The set-level stage `made`: process 0 wrote GO; process 1's reads of
+  the posts fail (the store answers only the verdict). Process 1 keeps its
+  set and goes on with process 0, instead of refusing alone and destroying
+  it while process 0 uses it."""
+  groups = [[(0, 0), (1, 1)]]
+  key = distributed.set_key(groups)
+  kv = Store()
+  kv.key_value_set(f"{key}/record/0", '{"host": "h", "inputs": {}}')
+  kv.key_value_set(f"{key}/record/verdict", distributed.GO)
+  kv.key_value_set(f"{key}/uid/0", bytes(128).hex())
+  kv.key_value_set(f"{key}/made/0", "ok")
+  kv.key_value_set(f"{key}/made/verdict", distributed.GO)
+
+  class Deaf:
+    def key_value_set(self, k, value):
+      kv.key_value_set(k, value)
+
+    def blocking_key_value_get(self, k, timeout_in_ms):
+      if not k.endswith("/verdict") and "/made/" in k:
+        raise TimeoutError("DEADLINE_EXCEEDED")
+      return kv.blocking_key_value_get(k, timeout_in_ms)
+
+  native = Native(comm_id=4)
+  got = distributed.create(native, Deaf(), groups, 1, {"host": "h", "inputs": {}}, 1000,
+                           {1: 0}, timeout_ms=200)
+  assert got == (4, [0]) and native.destroyed == []
