@@ -45,6 +45,13 @@ coordinator):
    else aborted; registry.h: ``EnsureRegion``), so no process runs the
    fast path while its peer falls back to NCCL.
 
+Groups that share a process must span the same processes (groups of
+disjoint processes are served): the regions' verdicts are per group, and a
+process holding devices of several groups acts on all of theirs, so with
+different memberships one process of a group could publish while another
+falls back (`mixed_memberships`; every process refuses such a set from the
+groups alone, before anything is posted).
+
 Each step ends in one **verdict** per key of the store (`verdict`): the
 first proposal written wins and every process acts on it, so a process that
 saw every post (GO) and one whose reads timed out (its refusal) never act
@@ -259,6 +266,31 @@ def agree_on_set(kv: KeyValueStore, key: str, processes: Sequence[int], me: int,
           timeout_ms, judge)
 
 
+def mixed_memberships(groups: Sequence[Sequence[tuple[int, int]]]) -> str | None:
+  """Why the set of `groups` must keep ``lax.psum``, or None: two groups
+  that share a process must span the same processes (groups of disjoint
+  processes are served). A region's verdicts are per group and read only by
+  that group's processes, but a process holding devices of several groups
+  combines their outcomes (registry.h: EnsureRegion gives up on the first
+  group that fails, and gives up the whole set after a failed
+  registration); with different memberships (G0 = {P0, P1}, G1 = {P0, P2})
+  P1 could publish G0's region while P0 falls back, so one member of G0
+  would run jax_llar's kernel and the other XLA's NCCL all-reduce. Computed
+  from `groups` alone, so every process gives the same answer without any
+  store traffic."""
+  members = [frozenset(p for p, _ in g) for g in groups]
+  for i, a in enumerate(members):
+    for j in range(i):
+      b = members[j]
+      if a != b and a & b:
+        return (f"replica groups {j} and {i} share process(es) "
+                f"{', '.join(map(str, sorted(a & b)))} but not all their processes "
+                f"({sorted(b)} and {sorted(a)}): jax_llar serves a set spanning processes "
+                "only when groups that share a process span the same processes "
+                "(docs/multiprocess.md); lax.psum (NCCL) serves this one")
+  return None
+
+
 def local_specs(groups: Sequence[Sequence[tuple[int, int]]], me: int,
                 ordinals: dict[int, int]) -> list[tuple[int, int, list[int], list[int]]]:
   """This process's part of each group that holds one of its devices:
@@ -284,7 +316,9 @@ def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], 
   creation (its ``setup_timeout_ms``).
 
   Raises:
-    SpanError: hosts or decision inputs differ, a process did not arrive in
+    SpanError: two groups share a process but not all their processes
+      (`mixed_memberships`: refused in every process alike, before any
+      store traffic), hosts or decision inputs differ, a process did not arrive in
       time, or the creation failed in some process, a collective step that
       did not complete within `timeout_ms` included (the same outcome in
       every process that got that far: "creating the communicators failed
@@ -293,6 +327,9 @@ def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], 
       program was lowered with it.
   """
   timeout_ms = bootstrap_timeout_ms() if timeout_ms is None else timeout_ms
+  mixed = mixed_memberships(groups)
+  if mixed is not None:  # from `groups` alone: every process refuses alike
+    raise SpanError(mixed)
   key = set_key(groups)
   processes = sorted({p for g in groups for p, _ in g})
   agree_on_set(kv, key, processes, me, record, timeout_ms)

@@ -396,6 +396,25 @@ def test_f10_any_exception_of_the_native_creation_is_posted_as_the_failure():
       "UnicodeDecodeError")
 
 
+def test_f10_groups_that_share_some_but_not_all_processes_are_refused_alike():
+  """G0 = {P0, P1}, G1 = {P0, P2}: a region's verdict on G0 is read by P1
+  and P0 alone, but P0 also acts on G1's, so P1 could publish while P0
+  falls back (one member of G0 in jax_llar's kernel, the other in NCCL's
+  all-reduce). Every process refuses the set from the groups alone, with
+  the same text, before any store traffic."""
+  groups = [[(0, 0), (1, 2)], [(0, 1), (2, 3)]]
+  natives = {p: Native() for p in range(3)}
+  out, kv = _run(groups, {p: _record() for p in range(3)}, natives)
+  assert all(isinstance(e, distributed.SpanError) for e in out.values()), out
+  assert str(out[0]) == str(out[1]) == str(out[2])
+  assert "share process(es) 0 but not all their processes" in str(out[0])
+  assert kv.values == {} and all(n.specs is None for n in natives.values())
+  # Identical memberships, and disjoint ones, are served.
+  assert distributed.mixed_memberships([[(0, 0), (1, 2)], [(0, 1), (1, 3)]]) is None
+  assert distributed.mixed_memberships([[(0, 0), (1, 1)], [(2, 2), (3, 3)]]) is None
+  assert distributed.mixed_memberships([[(0, 0), (1, 1)], [(1, 2), (0, 3)]]) is None
+
+
 def test_f10_a_process_that_never_arrives_ends_in_an_error_not_a_hang():
   kv = Store()
   native = Native()
