@@ -27,7 +27,8 @@ XLA_FLAGS=--xla_gpu_graph_min_graph_size=1 and a short JAX_LLAR_TIMEOUT_MS.
    after it, so this is the last step.
 
 Prints {"fast_before", "before_ok", "given_up", "regions_before",
-"regions_after", "scratch_before", "scratch_after", "fallback" ({"fast",
+"regions_after", "scratch_before", "scratch_after", "two_shot_bytes" (the
+failed region's, which scratch_after counts), "fallback" ({"fast",
 "reason", "detail"}), "replay" ({"ok", "error"}), "gone" ({"error",
 "reports"})}.
 """
@@ -36,7 +37,7 @@ import jax
 import numpy as np
 
 import jax_llar
-from jax_llar import comm
+from jax_llar import _ext, comm
 from jax_llar.algorithms import Algorithm
 from jax_llar.tools import _native
 
@@ -100,6 +101,8 @@ emit({"fast_before": fast_before, "before_ok": [ok for ok, _ in before],
       "before_errors": [err for _, err in before], "given_up": given_up,
       "regions_before": regions_before, "regions_after": [a.short_name for a in cs.regions],
       "scratch_before": scratch_before, "scratch_after": cs.scratch_bytes,
+      "two_shot_bytes": int(_ext.load().region_bytes(int(Algorithm.TWO_SHOT_LL),
+                                                     cs.world_size)),
       "fallback": fallback,
       "replay": {"ok": replay_ok, "error": replay_error, "reports": reports_after_replay},
       "gone": {"ok": gone_ok, "error": gone_error, "reports": jax_llar.error_reports()},
