@@ -244,7 +244,8 @@ def _native_module():
     pytest.skip("the CUDA extension is not built here")
   path = _ext.nccl_library_path()
   if path is None:
-    pytest.skip("no libnccl.so.2 to load the CUDA extension with (install the cuda13 extra)")
+    pytest.skip("no libnccl.so.2 to load the CUDA extension with (the test extra brings "
+                "nvidia-nccl-cu13)")
   ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
   return importlib.import_module("jax_llar._llar")
 
@@ -680,6 +681,28 @@ def test_f10_two_cpu_processes_bootstrap_through_jax_distributed():
     assert (got["me"], got["processes"], got["comm_id"], got["order"]) == (p, 2, 3, [0])
     assert got["spec"] == [2, [p]] and got["agree"] == [True, True]
   assert lines[0]["uid"] == lines[1]["uid"] and len(lines[0]["uid"]) == 256
+
+
+def test_f10_a_process_that_raises_ends_the_launch_within_the_grace_period():
+  """An uncaught exception in one process (tests/launch_failing_child.py)
+  ends it at once (launch.initialize's hook), so the launcher kills the other
+  after --grace_s instead of waiting for JAX's shutdown, which waits for every
+  peer (the other would sleep 120 s)."""
+  import pathlib
+  import subprocess
+  import sys
+  import time
+  child = pathlib.Path(__file__).parent / "launch_failing_child.py"
+  t0 = time.monotonic()
+  r = subprocess.run([sys.executable, "-m", "jax_llar.tools.launch", "--nproc", "2",
+                      "--grace_s", "2", "--", str(child)], capture_output=True, text=True,
+                     timeout=240)
+  took = time.monotonic() - t0
+  out = r.stdout + r.stderr
+  assert r.returncode == 1, out[-3000:]
+  assert "process 1 fails on purpose" in out and "started 0" in out, out[-3000:]
+  assert "killing process 0" in out, out[-3000:]
+  assert took < 90, (took, out[-3000:])
 
 
 def test_f10_a_late_process_follows_the_early_ones_refusal_and_never_enters_nccl():

@@ -11,7 +11,12 @@ The program calls `initialize` (or jax.distributed.initialize with those
 values) before anything else of JAX. Each output line is prefixed with
 [i]. When a process fails, the others get --grace_s seconds to end (in
 jax_llar's bounded-wait error, if they were waiting for it) and are then
-killed. Exit status: 0 when every process exited with 0, else the first
+killed. A process fails when it ends at the OS level: a signal, a non-zero
+exit status. Under jax.distributed a Python program that raises does not
+end by itself: JAX's shutdown waits for every peer first. `initialize`
+therefore makes an uncaught exception end the process at once, status 1,
+after its traceback. A program that calls sys.exit(n) still goes through
+JAX's shutdown; call os._exit(n) after flushing to fail at once. Exit status: 0 when every process exited with 0, else the first
 failing process's status (a signal N as 128 + N).
 
 Without GPUs (JAX_PLATFORMS=cpu) each process gets one CPU device instead;
@@ -52,6 +57,11 @@ def initialize() -> None:
   (reads ``JAX_LLAR_PROCESS_ID`` and ``JAX_LLAR_NUM_PROCESSES``; JAX reads
   ``JAX_COORDINATOR_ADDRESS`` and ``JAX_LOCAL_DEVICE_IDS`` itself).
 
+  Also installs an exception hook: an uncaught exception prints its
+  traceback and ends the process with status 1 at once (``os._exit``),
+  instead of waiting in JAX's shutdown for every peer, so that the launcher
+  sees the failure and its --grace_s applies.
+
   Raises:
     RuntimeError: the variables are not set (not started by the launcher).
   """
@@ -62,6 +72,17 @@ def initialize() -> None:
     raise RuntimeError(f"{ENV_PROCESS_ID} and {ENV_NUM_PROCESSES} are not set: start "
                        "this program with python -m jax_llar.tools.launch") from None
   jax.distributed.initialize(num_processes=n, process_id=pid)
+  previous = sys.excepthook
+
+  def fail_at_once(kind, value, tb):
+    try:
+      previous(kind, value, tb)
+    finally:
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(1)
+
+  sys.excepthook = fail_at_once
 
 
 def free_port() -> int:
@@ -83,7 +104,7 @@ def launch(nproc: int, argv: list[str], grace_s: float = 30.0,
   docstring); returns the exit status.
 
   Args:
-    nproc: processes, one GPU each (2 or more).
+    nproc: processes, one GPU each (1 or more).
     argv: the script and its arguments.
     grace_s: seconds the others may run on after a process failed.
     env: extra environment variables for every process.
