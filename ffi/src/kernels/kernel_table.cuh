@@ -1,7 +1,8 @@
 // The host table of one algorithm's kernels: which compiled kernel serves a
 // dtype and a number of ranks, and loading them all. One definition of that
 // rule for every algorithm's Kernels struct (one_shot_ll.cuh, two_shot_ll.cuh,
-// ...), each of which adds its grid rule and its Launch.
+// ...), each of which adds its grid rule and its Launch; and what every
+// Launch does before and after its grid (LaunchArgsValid, Run).
 //
 //   Pick      names the kernels: Pick::Get<T, kWorld>() is the kernel of
 //             dtype T compiled for kWorld ranks (0: any number, read from
@@ -16,12 +17,22 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/kernels.h"
 #include "llar/args.h"
 
 namespace llar {
+
+// The checks every Launch makes on its argument block (n_bytes > 0 is the
+// caller's: a Launch returns cudaSuccess for 0 bytes first): at most
+// `max_bytes` payload bytes per rank, 2 to kMaxRanks ranks, a rank below the
+// world, a peer table and epoch counters.
+inline bool LaunchArgsValid(const AllReduceArgs& a, std::size_t max_bytes) {
+  return a.n_bytes <= max_bytes && a.world >= 2 && a.world <= kMaxRanks && a.rank < a.world &&
+         a.peers != nullptr && a.epochs != nullptr;
+}
 
 template <typename Pick, bool kInt32, int... kWorlds>
 struct KernelTable {
@@ -51,6 +62,17 @@ struct KernelTable {
 
   // Loads every kernel of the table on the current device (kernels.h).
   static cudaError_t Preload() { return PreloadKernels<kWorlds...>(&For); }
+
+  // Launches the kernel For(dtype, world) with `a` on a grid of `blocks`
+  // blocks of `threads` threads; cudaErrorInvalidValue when the table has
+  // none for that dtype, else the launch's error.
+  static cudaError_t Run(const AllReduceArgs& a, DType dtype, int world, uint32_t blocks,
+                         uint32_t threads, cudaStream_t stream) {
+    const Kernel fn = For(dtype, world);
+    if (fn == nullptr) return cudaErrorInvalidValue;
+    fn<<<blocks, threads, 0, stream>>>(a);
+    return cudaGetLastError();
+  }
 };
 
 }  // namespace llar

@@ -116,27 +116,18 @@ struct OneShotLLPick {
 template <typename Variant, int... kWorlds>
 struct OneShotLLKernels : KernelTable<OneShotLLPick<Variant>, true, kWorlds...> {
   using Table = KernelTable<OneShotLLPick<Variant>, true, kWorlds...>;
-  using typename Table::Kernel;
-  using Table::For;
-  using Table::Preload;
 
   // Fills in the grid-dependent fields of `a` and launches; a.world picks the
   // kernel unless options.generic asks for the run-time one.
   static cudaError_t Launch(AllReduceArgs a, DType dtype, cudaStream_t stream,
                             const OneShotOptions& options) {
     if (a.n_bytes == 0) return cudaSuccess;
-    if (a.n_bytes > kOneShotMaxBytes || a.world < 2 || a.world > kMaxRanks ||
-        a.rank >= a.world || a.peers == nullptr || a.epochs == nullptr) {
-      return cudaErrorInvalidValue;
-    }
+    if (!LaunchArgsValid(a, kOneShotMaxBytes)) return cudaErrorInvalidValue;
     const uint32_t lines = (a.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
     a.vector_lines = VectorLines(a.n_bytes, {a.in, a.out});
     const OneShotGrid g = OneShotGridFor(lines, options.block_lines);
     a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
-    const Kernel fn = For(dtype, options.generic ? 0 : a.world);
-    if (fn == nullptr) return cudaErrorInvalidValue;
-    fn<<<g.blocks, g.threads, 0, stream>>>(a);
-    return cudaGetLastError();
+    return Table::Run(a, dtype, options.generic ? 0 : a.world, g.blocks, g.threads, stream);
   }
 };
 

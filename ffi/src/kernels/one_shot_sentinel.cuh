@@ -201,9 +201,6 @@ struct OneShotSentinelPick {
 template <int... kWorlds>
 struct OneShotSentinelKernels : KernelTable<OneShotSentinelPick, false, kWorlds...> {
   using Table = KernelTable<OneShotSentinelPick, false, kWorlds...>;
-  using typename Table::Kernel;
-  using Table::For;
-  using Table::Preload;
 
   // Fills in the grid-dependent fields of `a` (vector_lines counts 16-byte
   // lines, moved with one 16-byte access when in and out are both 16-byte
@@ -213,19 +210,13 @@ struct OneShotSentinelKernels : KernelTable<OneShotSentinelPick, false, kWorlds.
   static cudaError_t Launch(AllReduceArgs a, DType dtype, cudaStream_t stream,
                             const OneShotOptions& options) {
     if (a.n_bytes == 0) return cudaSuccess;
-    if (a.n_bytes > kOneShotSentinelMaxBytes || a.world < 2 || a.world > kMaxRanks ||
-        a.rank >= a.world || a.peers == nullptr || a.epochs == nullptr) {
-      return cudaErrorInvalidValue;
-    }
-    const Kernel fn = For(dtype, options.generic ? 0 : a.world);
-    if (fn == nullptr) return cudaErrorInvalidValue;
+    if (!LaunchArgsValid(a, kOneShotSentinelMaxBytes)) return cudaErrorInvalidValue;
     const uint32_t lines = (a.n_bytes + kSentinelLineBytes - 1) / kSentinelLineBytes;
     const uintptr_t bits = reinterpret_cast<uintptr_t>(a.in) | reinterpret_cast<uintptr_t>(a.out);
     a.vector_lines = (bits & (kSentinelLineBytes - 1)) == 0 ? a.n_bytes / kSentinelLineBytes : 0;
     const OneShotGrid g = OneShotGridFor(lines, options.block_lines);
     a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
-    fn<<<g.blocks, g.threads, 0, stream>>>(a);
-    return cudaGetLastError();
+    return Table::Run(a, dtype, options.generic ? 0 : a.world, g.blocks, g.threads, stream);
   }
 };
 

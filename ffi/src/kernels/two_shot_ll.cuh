@@ -383,17 +383,11 @@ struct TwoShotLLPick {
 template <int... kWorlds>
 struct TwoShotLLKernels : KernelTable<TwoShotLLPick, true, kWorlds...> {
   using Table = KernelTable<TwoShotLLPick, true, kWorlds...>;
-  using typename Table::Kernel;
-  using Table::For;
-  using Table::Preload;
 
   // Fills in the grid-dependent fields of `a` and launches.
   static cudaError_t Launch(AllReduceArgs a, DType dtype, cudaStream_t stream) {
     if (a.n_bytes == 0) return cudaSuccess;
-    if (a.n_bytes > kTwoShotMaxBytes || a.world < 2 || a.world > kMaxRanks ||
-        a.rank >= a.world || a.peers == nullptr || a.epochs == nullptr) {
-      return cudaErrorInvalidValue;
-    }
+    if (!LaunchArgsValid(a, kTwoShotMaxBytes)) return cudaErrorInvalidValue;
     const uint32_t lines = (a.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
     a.vector_lines = VectorLines(a.n_bytes, {a.in, a.out});
     const TwoShotGrid g = TwoShotGridFor(lines, a.world);
@@ -401,10 +395,7 @@ struct TwoShotLLKernels : KernelTable<TwoShotLLPick, true, kWorlds...> {
     // that many (kBatch) and compute offsets for all of them.
     if (g.steps > TwoShotMaxSteps(a.world)) return cudaErrorInvalidValue;
     a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
-    const Kernel fn = For(dtype, a.world);
-    if (fn == nullptr) return cudaErrorInvalidValue;
-    fn<<<g.blocks, g.threads, 0, stream>>>(a);
-    return cudaGetLastError();
+    return Table::Run(a, dtype, a.world, g.blocks, g.threads, stream);
   }
 };
 

@@ -518,26 +518,17 @@ struct TwoShotLL128AtomicPick {
 template <int... kWorlds>
 struct TwoShotLL128AtomicKernels : KernelTable<TwoShotLL128AtomicPick, true, kWorlds...> {
   using Table = KernelTable<TwoShotLL128AtomicPick, true, kWorlds...>;
-  using typename Table::Kernel;
-  using Table::For;
-  using Table::Preload;
 
   // Fills in the grid-dependent fields of `a` and launches.
   static cudaError_t Launch(AllReduceArgs a, DType dtype, cudaStream_t stream) {
     if (a.n_bytes == 0) return cudaSuccess;
-    if (a.n_bytes > kTwoShotLL128AtomicMaxBytes || a.world < 2 || a.world > kMaxRanks ||
-        a.rank >= a.world || a.peers == nullptr || a.epochs == nullptr) {
-      return cudaErrorInvalidValue;
-    }
+    if (!LaunchArgsValid(a, kTwoShotLL128AtomicMaxBytes)) return cudaErrorInvalidValue;
     const uint32_t lines = (a.n_bytes + kLL128PayloadBytes - 1) / kLL128PayloadBytes;
     a.vector_lines = VectorLines(a.n_bytes, {a.in, a.out});
     const TwoShotGrid g = TwoShotLL128GridFor(lines, a.world);
     if (g.steps > TwoShotLL128MaxSteps(a.world)) return cudaErrorInvalidValue;
     a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
-    const Kernel fn = For(dtype, a.world);
-    if (fn == nullptr) return cudaErrorInvalidValue;
-    fn<<<g.blocks, g.threads, 0, stream>>>(a);
-    return cudaGetLastError();
+    return Table::Run(a, dtype, a.world, g.blocks, g.threads, stream);
   }
 };
 
