@@ -94,18 +94,31 @@ FusedLoopbackPlan PlanFusedLoopback(const FusedLoopbackSpec& s) {
   CheckCuda(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel)),
             "cudaFuncGetAttributes(fused kernel)");
   p.regs_per_thread = attr.numRegs;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(p.grid.blocks);
-  config.blockDim = dim3(p.grid.threads);
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = p.grid.cluster_blocks;
-  cluster[0].val.clusterDim.y = 1;
-  cluster[0].val.clusterDim.z = 1;
-  config.attrs = cluster;
-  config.numAttrs = 1;
-  CheckCuda(cudaOccupancyMaxActiveClusters(&p.max_active_clusters, kernel, &config),
-            "cudaOccupancyMaxActiveClusters(fused kernel)");
+  if (p.grid.cluster_blocks > 1) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(p.grid.blocks);
+    config.blockDim = dim3(p.grid.threads);
+    cudaLaunchAttribute cluster[1];
+    cluster[0].id = cudaLaunchAttributeClusterDimension;
+    cluster[0].val.clusterDim.x = p.grid.cluster_blocks;
+    cluster[0].val.clusterDim.y = 1;
+    cluster[0].val.clusterDim.z = 1;
+    config.attrs = cluster;
+    config.numAttrs = 1;
+    CheckCuda(cudaOccupancyMaxActiveClusters(&p.max_active_clusters, kernel, &config),
+              "cudaOccupancyMaxActiveClusters(fused kernel)");
+  } else {
+    // One-block rows launch without a cluster dimension (the launcher's
+    // rule): each row's "cluster" is one resident block.
+    int per_sm = 0, sms = 0;
+    CheckCuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                  &per_sm, reinterpret_cast<const void*>(kernel),
+                  static_cast<int>(p.grid.threads), 0),
+              "cudaOccupancyMaxActiveBlocksPerMultiprocessor(fused kernel)");
+    CheckCuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, s.ordinal),
+              "cudaDeviceGetAttribute(multiprocessors)");
+    p.max_active_clusters = per_sm * sms;
+  }
   p.clusters = static_cast<uint32_t>(s.world) * s.rows;
   p.co_resident = p.clusters <= static_cast<uint32_t>(p.max_active_clusters);
   if (s.interleave) {

@@ -23,6 +23,9 @@
 //                                     lanes): the same operations on the
 //                                     same values in every warp.
 //   `storage` is a __shared__ ClusterSumStorage of the calling kernel.
+//   A "cluster" of one block (blocks == 1) must be a launch without a
+//   cluster dimension: then no cluster operation runs at all (below), and the
+//   same order of addition gives the same bits.
 //
 // How (and why no memory barrier is needed)
 //   Lane 0 of every warp stores its value, with st.async, into its slot of
@@ -52,6 +55,17 @@
 //   concurrently (cluster launch): it ends when they reach ClusterSum. A
 //   block that never does is stuck in a wait of its own, which wait.cuh
 //   bounds.
+//
+// One block (blocks == 1)
+//   mapa and st.async address other blocks' shared memory, and the CUDA
+//   programming model does not define them in a cluster of one block
+//   (compute-sanitizer reports the st.async as an invalid __shared__ write:
+//   "Cluster needs to have at least 2 blocks"). So with one block the warps'
+//   values meet in the block's own slots through plain shared stores and one
+//   block barrier (bar.sync orders shared memory among the block's threads;
+//   it emits no MEMBAR), with no mbarrier and no cluster barrier. `blocks` is
+//   the same in every thread of the grid, so every thread takes the same
+//   branch and reaches the barrier.
 #ifndef LLAR_CLUSTER_SUM_CUH_
 #define LLAR_CLUSTER_SUM_CUH_
 
@@ -101,6 +115,7 @@ __device__ __forceinline__ bool TryWaitParity0(uint32_t mbarrier) {
 }  // namespace cluster_sum
 
 __device__ __forceinline__ void ClusterSumBegin(ClusterSumStorage& s, int blocks, int warps) {
+  if (blocks == 1) return;  // no cluster (contract)
   if (threadIdx.x == 0) {
     const uint32_t bar = cluster_sum::SharedAddress(&s.mbarrier);
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
@@ -114,22 +129,27 @@ __device__ __forceinline__ void ClusterSumBegin(ClusterSumStorage& s, int blocks
 
 __device__ __forceinline__ float ClusterSum(ClusterSumStorage& s, float value, int blocks,
                                             int warps) {
-  asm volatile("barrier.cluster.wait;" ::: "memory");  // every mbarrier is initialised
   const int lane = threadIdx.x % kWarpSize;
-  if (lane == 0) {
-    const uint32_t slot = cluster_sum::SharedAddress(
-        &s.slots[cluster_sum::BlockRank() * kMaxWarps + threadIdx.x / kWarpSize]);
-    const uint32_t bar = cluster_sum::SharedAddress(&s.mbarrier);
-    for (int b = 0; b < blocks; ++b) {
-      asm volatile(
-          "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(
-              cluster_sum::MapToRank(slot, b)),
-          "r"(__float_as_uint(value)), "r"(cluster_sum::MapToRank(bar, b))
-          : "memory");
+  if (blocks == 1) {  // no cluster (contract): slot = warp, one block barrier
+    if (lane == 0) s.slots[threadIdx.x / kWarpSize] = value;
+    __syncthreads();
+  } else {
+    asm volatile("barrier.cluster.wait;" ::: "memory");  // every mbarrier is initialised
+    if (lane == 0) {
+      const uint32_t slot = cluster_sum::SharedAddress(
+          &s.slots[cluster_sum::BlockRank() * kMaxWarps + threadIdx.x / kWarpSize]);
+      const uint32_t bar = cluster_sum::SharedAddress(&s.mbarrier);
+      for (int b = 0; b < blocks; ++b) {
+        asm volatile(
+            "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(
+                cluster_sum::MapToRank(slot, b)),
+            "r"(__float_as_uint(value)), "r"(cluster_sum::MapToRank(bar, b))
+            : "memory");
+      }
     }
-  }
-  const uint32_t bar = cluster_sum::SharedAddress(&s.mbarrier);
-  while (!cluster_sum::TryWaitParity0(bar)) {
+    const uint32_t bar = cluster_sum::SharedAddress(&s.mbarrier);
+    while (!cluster_sum::TryWaitParity0(bar)) {
+    }
   }
   float v = 0.0f;
   for (int slot = lane; slot < blocks * kMaxWarps; slot += kWarpSize) {

@@ -107,8 +107,9 @@ LLAR_API cudaError_t OneShotLLOccupancy(DType dtype, int world, uint32_t threads
 // one_shot_ll_add_rms_norm.cu: the one-shot LL all-reduce fused with the
 // residual add and the RMSNorm that follow it (jax_llar.psum_add_rms_norm).
 //
-// Grid: one thread block cluster of `cluster_blocks` blocks per row, one
-// line (8 payload bytes) per thread. A row of d elements of `itemsize` bytes
+// Grid: one thread block cluster of `cluster_blocks` blocks per row (a row
+// of one block is launched without a cluster dimension), one line (8 payload
+// bytes) per thread. A row of d elements of `itemsize` bytes
 // is row_lines = d * itemsize / 8 lines (d * itemsize must be a multiple of
 // 8). cluster_blocks is the largest of 8, 4, 2, 1 that divides row_lines,
 // is at most ceil(row_lines / kAddRmsNormBlockLines) (the one-shot's 64
@@ -130,7 +131,7 @@ LLAR_API bool AddRmsNormGridFor(uint32_t rows, uint32_t d, uint32_t itemsize,
 // kF32, kBF16 or kF16; weight: kF32 or dtype. cudaErrorInvalidValue for
 // anything not served (grid rule, dtypes, missing pointers). Like every
 // launcher it neither allocates nor synchronises (cudaLaunchKernelEx with the
-// cluster dimension, which CUDA graphs capture).
+// cluster dimension where cluster_blocks > 1, which CUDA graphs capture).
 LLAR_API cudaError_t LaunchOneShotLLAddRmsNorm(AddRmsNormArgs args, DType dtype,
                                                DType weight, cudaStream_t stream);
 LLAR_API cudaError_t PreloadOneShotLLAddRmsNorm();

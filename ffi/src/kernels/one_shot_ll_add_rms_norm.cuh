@@ -31,7 +31,11 @@
 // sum into every block of the cluster and one fixed order of addition
 // (cluster_sum.cuh: st.async and an mbarrier, no memory barrier). Every
 // block (and every rank, whose new_residual is bitwise the same) therefore
-// computes bitwise the same total. Rounding-wise the sum of squares is not
+// computes bitwise the same total. A row of one block (cluster_blocks == 1)
+// is no cluster: the launcher gives such a grid no cluster dimension, and the
+// cluster sum then runs no cluster operation (mapa and st.async are not
+// defined in a cluster of one block; cluster_sum.cuh), with the same order of
+// addition. Rounding-wise the sum of squares is not
 // XLA's reduction order; the ops around it are XLA's: the mean is
 // sum * float(1 / d), which is what XLA's algebraic simplifier makes of
 // jnp.mean's division by a constant, fused with + eps into one fma, as XLA's
@@ -53,7 +57,8 @@
 // the line index and scratch slot the one-shot all-reduce would give it.
 // Grid rule: AddRmsNormGridFor (kernels.h). Barriers: none across ranks; one
 // cluster barrier (arrived at the start, waited for just before the cluster
-// sum) and the cluster sum's mbarrier, inside a row's cluster.
+// sum) and the cluster sum's mbarrier, inside a row's cluster; for one-block
+// rows one block barrier instead.
 //
 // Template parameters:
 //   T        float, __nv_bfloat16 or __half (x, residual and the outputs).
@@ -157,6 +162,7 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   // Issued while the lines are in flight: the cluster sum's set-up, and the
   // loads of the residual and the weight.
   ClusterSumBegin(row_sum, a.cluster_blocks, warps);
+  // %cluster_ctarank is 0 in a launch without a cluster dimension.
   const uint32_t row_line = cluster_sum::BlockRank() * ar.lines_per_block + t;
   uint2 residual = {0u, 0u};
   add_rms_norm::WeightLines<T, W> weight = {};
@@ -244,7 +250,8 @@ struct OneShotLLAddRmsNormKernels {
   }
 
   // Checks the arguments, fills in the grid-dependent fields of `a` and
-  // launches one cluster of grid.cluster_blocks blocks per row.
+  // launches one cluster of grid.cluster_blocks blocks per row, or, for rows
+  // of one block, a grid without a cluster dimension (cluster_sum.cuh).
   static cudaError_t Launch(AddRmsNormArgs a, DType dtype, DType weight,
                             cudaStream_t stream) {
     AllReduceArgs& ar = a.all_reduce;
@@ -277,7 +284,7 @@ struct OneShotLLAddRmsNormKernels {
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
     config.attrs = attr;
-    config.numAttrs = 1;
+    config.numAttrs = g.cluster_blocks > 1 ? 1 : 0;
     return cudaLaunchKernelEx(&config, fn, a);
   }
 
