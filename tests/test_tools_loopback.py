@@ -414,6 +414,31 @@ def test_run_cases_stops_after_a_lost_context_only_in_process(capsys):
   assert [r["status"] for r in rows] == ["fail", "pass"]
 
 
+def test_run_cases_runs_children_at_once_and_keeps_case_order(capsys):
+  """jobs > 1 (fault mode): the cases run concurrently (each waits at a
+  barrier that only the others' arrival lifts), the rows and the printed
+  lines keep the case order, and a skipped case stays skipped."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from jax_llar.tools import loopback_harness as harness  # pylint: disable=g-import-not-at-top
+  barrier = threading.Barrier(3, timeout=30)
+
+  def go(i):
+    barrier.wait()  # raises BrokenBarrierError unless three cases run at once
+    return {"status": "pass", "i": i}
+
+  def items():
+    for i in range(4):
+      reason = "not co-resident" if i == 1 else None
+      yield {"status": "error", "i": i}, reason, (lambda i=i: go(i)), f"case {i}"
+
+  rows = harness.run_cases(items(), lambda r: f"row {r['i']} {r['status']}",
+                           in_process=False, jobs=4)
+  assert [(r["i"], r["status"]) for r in rows] == [
+      (0, "pass"), (1, "skipped"), (2, "pass"), (3, "pass")]
+  printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("row")]
+  assert printed == ["row 0 pass", "row 1 skipped", "row 2 pass", "row 3 pass"]
+
+
 # --- call signatures and the signature faults ------------------------------------------
 
 

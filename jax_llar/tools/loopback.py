@@ -180,6 +180,9 @@ SWAP_SIGNATURE_RANK = flags.DEFINE_integer(
     "error.", lower_bound=-1, upper_bound=lh.MAX_RANKS - 1)
 FAULT_CALL = flags.DEFINE_integer("fault_call", 3, "The call of a signature fault "
                                   "(0-based, below --calls).", lower_bound=0)
+JOBS = flags.DEFINE_integer("jobs", 4, "Fault modes: child processes (cases) run at once, "
+                            "each with a CUDA context of its own (1: one at a time).",
+                            lower_bound=1, upper_bound=32)
 OP = flags.DEFINE_enum(
     "op", "all_reduce", ["all_reduce", "add_rms_norm"],
     "all_reduce: the one-shot all-reduce (the flags above). add_rms_norm: the fused "
@@ -261,7 +264,8 @@ def main() -> int:
   print(lh.NOTE, flush=True)
   result = lh.run(s, SKIP_RANK.value, SKIP_CALL.value,
                   extra_call_rank=EXTRA_CALL_RANK.value,
-                  swap_signature_rank=SWAP_SIGNATURE_RANK.value, fault_call=FAULT_CALL.value)
+                  swap_signature_rank=SWAP_SIGNATURE_RANK.value, fault_call=FAULT_CALL.value,
+                  jobs=JOBS.value)
   path = save(result, JSON.value, OUT.value, TAG.value)
   counts = lh.summary(result["rows"])
   print("cases: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))

@@ -52,6 +52,7 @@ in a child process too.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import json
@@ -1242,47 +1243,70 @@ def _line(row: dict) -> str:
 
 def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
               line: Callable[[dict], str], *, in_process: bool = True,
-              total: int | None = None) -> list[dict]:
-  """Runs loopback cases in order, printing `line(row)` for each as it goes,
-  and, with `total` (the number of cases), a progress line with the time
-  left about every twentieth of them.
+              total: int | None = None, jobs: int = 1) -> list[dict]:
+  """Runs loopback cases, printing `line(row)` for each in case order, and,
+  with `total` (the number of cases), a progress line with the time left
+  about every twentieth of them.
 
   Args:
     items: per case (base row, reason to skip it or None, a function that
       runs it and returns its row, a label for messages). A run that raises
-      ValueError or RuntimeError gives an "error" row; a RuntimeError (a
-      failed set-up) or a row with a ``cuda_error`` (a lost CUDA context)
-      makes every later case a "not_run" row that says why.
+      ValueError or RuntimeError gives an "error" row; in process, a
+      RuntimeError (a failed set-up) or a row with a ``cuda_error`` (a lost
+      CUDA context) makes every later case a "not_run" row that says why.
     line: a row's line.
     in_process: the cases run in this process; False when each runs in a
       child (fault mode), whose lost context leaves this one intact.
+    jobs: with `in_process` False, how many cases (children) run at once.
+      Each child has a CUDA context of its own; the GPU time-slices between
+      contexts, and a context keeps its blocks resident while it runs, so
+      each child's grids stay co-resident and its bounded waits, which count
+      wall time, end on time. In process the cases always run one at a time.
 
   Returns:
-    The rows, one per case.
+    The rows, one per case, in case order.
   """
-  rows: list[dict] = []
-  broken = None  # why the CUDA context can no longer be used
   progress = Progress(total, "loopback") if total else None
   every = max(1, (total or 1) // 20)
+  rows: list[dict] = []
+
+  def ran(row: dict) -> None:
+    rows.append(row)
+    if row["status"] != "not_run":
+      print(line(row), flush=True)
+    if progress is not None and (len(rows) % every == 0 or len(rows) == total):
+      progress.step(n=len(rows) - progress.done)
+
+  def attempt(base: dict, go: Callable[[], dict]) -> tuple[dict, str | None]:
+    """The case's row, and why later in-process cases cannot run (or None)."""
+    try:
+      return go(), None
+    except (ValueError, RuntimeError) as e:
+      broken = f"an earlier case failed to set up ({e})" if isinstance(e, RuntimeError) else None
+      return base | {"status": "error", "reason": f"{type(e).__name__}: {e}"}, broken
+
+  if not in_process and jobs > 1:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+      pending = [(base, reason, None if reason is not None else pool.submit(attempt, base, go))
+                 for base, reason, go, _ in items]
+      for base, reason, future in pending:
+        ran(base | {"status": "skipped", "reason": reason} if future is None
+            else future.result()[0])
+    return rows
+
+  broken = None  # why the CUDA context can no longer be used (in process)
   for base, reason, go, label in items:
     if reason is not None:
       row = base | {"status": "skipped", "reason": reason}
     elif broken is not None:
       row = base | {"status": "not_run", "reason": broken}
     else:
-      try:
-        row = go()
-      except (ValueError, RuntimeError) as e:
-        row = base | {"status": "error", "reason": f"{type(e).__name__}: {e}"}
-        if isinstance(e, RuntimeError):
-          broken = f"an earlier case failed to set up ({e})"
-      if in_process and row.get("cuda_error"):
-        broken = f"the CUDA context was lost in an earlier case ({label}: {row['cuda_error']})"
-    rows.append(row)
-    if row["status"] != "not_run":
-      print(line(row), flush=True)
-    if progress is not None and (len(rows) % every == 0 or len(rows) == total):
-      progress.step(n=len(rows) - progress.done)
+      row, failed = attempt(base, go)
+      if in_process:
+        broken = failed
+        if row.get("cuda_error"):
+          broken = f"the CUDA context was lost in an earlier case ({label}: {row['cuda_error']})"
+    ran(row)
   if broken is not None:
     print(f"stopped: {broken}; {sum(r['status'] == 'not_run' for r in rows)} case(s) "
           "not run", flush=True)
@@ -1291,11 +1315,11 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
 
 def run(s: Settings, skip_rank: int = -1, skip_call: int = 0, *,
         extra_call_rank: int = -1, swap_signature_rank: int = -1,
-        fault_call: int = 0) -> dict:
+        fault_call: int = 0, jobs: int = 1) -> dict:
   """Runs every case of `s` (fault mode when skip_rank, extra_call_rank or
   swap_signature_rank is >= 0, at most one of them: `fault_spec`'s faults,
-  the signature ones on call `fault_call`); prints one line per case as it
-  goes.
+  the signature ones on call `fault_call`, with up to `jobs` child
+  processes at once, `run_cases`); prints one line per case, in case order.
 
   Returns:
     ``{"env", "level": "loopback", "note", "settings", "rows"}``.
@@ -1333,7 +1357,8 @@ def run(s: Settings, skip_rank: int = -1, skip_call: int = 0, *,
         go = functools.partial(run_case, mod, s, case, rng)
       yield base, reason, go, f"W={case.world} {case.dtype} {case.n_bytes} B"
 
-  rows = run_cases(items(), _line, in_process=not faulty, total=sum(1 for _ in cases(s)))
+  rows = run_cases(items(), _line, in_process=not faulty, total=sum(1 for _ in cases(s)),
+                   jobs=jobs)
   return {"env": report.environment(), "level": "loopback", "note": NOTE,
           "settings": dataclasses.asdict(s) | {
               "skip_rank": skip_rank, "skip_call": skip_call,
