@@ -60,8 +60,8 @@ INTERNAL_MODULES = (
 )
 
 # The command-line tools (python -m jax_llar.tools.<name>).
-TOOLS = ("bench", "tune", "soak", "loopback", "store_atomicity", "sol", "graphcheck",
-         "launch")
+TOOLS = ("bench", "tune", "soak", "loopback", "sanitize", "store_atomicity", "sol",
+         "graphcheck", "launch")
 
 # The order of jax_llar's names on the page (its docstring's order); names of
 # __all__ not listed here follow in __all__'s order.

@@ -1,0 +1,49 @@
+"""compute-sanitizer over a cross-section of the kernels, on one GPU:
+``python -m jax_llar.tools.sanitize --matrix=small`` in a child process.
+
+Every one-GPU run keeps the kernels clean under all four tools (memcheck,
+racecheck, synccheck, initcheck): the fused all-reduce + add + RMSNorm with
+a one-block row (1 x 64, the launch shape whose cluster operations the
+sanitizer once reported as invalid) and a multi-block row cluster (2 x 2048),
+with both weight dtypes; the one-shot LL at an odd size, a block edge and
+past the 64-block rule; the two-shot LL128 at one element, a line edge and
+several chunks; and a rank left out of a call, whose trap is expected (the
+unit passes when its report is the bounded wait's and the sanitizer
+reports no defect beside it). The whole matrix is the sanitize stage's
+(``scripts/gpu_run.sh sanitize``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from jax_llar.tools import sanitize_harness as sanitize
+
+from loopback_helpers import ROOT
+
+
+def test_the_cross_section_is_clean_under_every_tool(tmp_path):
+  if sanitize.find_sanitizer() is None:
+    pytest.skip("compute-sanitizer is not installed (CUDA toolkit)")
+  path = tmp_path / "sanitize.json"
+  p = subprocess.run([sys.executable, "-m", "jax_llar.tools.sanitize", "--matrix=small",
+                      f"--json={path}"], cwd=ROOT, capture_output=True, text=True,
+                     timeout=900)
+  tail = (p.stdout + p.stderr)[-6000:]
+  assert path.exists(), tail
+  rows = json.loads(path.read_text())["rows"]
+  got = {(r["tool"], r["unit"]): r for r in rows}
+  assert set(got) == {(t, u.name) for t in sanitize.TOOLS for u in sanitize.SMALL}, tail
+  for (tool, unit), r in got.items():
+    assert r["status"] == "pass", (tool, unit, r.get("why"), r.get("tail", "")[-2000:])
+    assert r["defects"] == 0, r
+    if not r["fault"]:
+      assert r["sanitizer_errors"] == 0 and not r["reports"], r
+  # W=2: float32, bfloat16 with a bfloat16 weight and with a float32 one,
+  # each at 1 x 64 and 2 x 2048.
+  assert all(got[(t, "add_rms_norm")]["cases"] == {"pass": 6} for t in sanitize.TOOLS)
+  assert p.returncode == 0, tail
