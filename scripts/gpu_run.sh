@@ -28,7 +28,15 @@
 #           iteration against grid size)
 #   gpu1    JAX_LLAR_TEST_GPU=1 pytest tests/gpu1 (the one-GPU suite: the
 #           loopback harness's tests of every algorithm; GPU1_ARGS, and
-#           GPU1_TESTS in place of tests/gpu1 to run some of them)
+#           GPU1_TESTS in place of tests/gpu1 to run some of them), with
+#           --durations=0, on GPU1_WORKERS (default 8) pytest-xdist workers
+#           where pytest-xdist is installed (the tests are bound by their
+#           host-side checks and child processes, not by the GPU)
+#   sanitize  python -m jax_llar.tools.sanitize: compute-sanitizer's memcheck,
+#           racecheck, synccheck and initcheck over every production kernel
+#           through the loopback harness (the matrix in its docstring);
+#           writes $OUT/<machine>-<date>-sanitize-<commit>.json; fails on any
+#           sanitizer error; SANITIZE_ARGS
 #   soak    python -m jax_llar.tools.soak (SOAK_ARGS, default --calls=2200000):
 #           consecutive checked calls, mixed sizes, dtypes and algorithms; real
 #           GPUs through XLA with 2+ GPUs, else the loopback on one
@@ -95,7 +103,9 @@ run_stage() {
     fi
   fi
   log "stage $name: $* (limit $limit s)"
-  timeout --kill-after=20 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  # SIGINT first: pytest (and the tools) then still print what passed and
+  # failed so far; SIGKILL 30 s later.
+  timeout -s INT --kill-after=30 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   summary+=("$(printf '%-7s rc=%-4s %4ss' "$name" "$rc" "$((SECONDS - t0))")")
   log "stage $name rc=$rc ($((SECONDS - t0)) s)"
@@ -182,9 +192,17 @@ ensure_stage() {
     { echo "the extension loads: no build"; return 0; }
   $PY -m pip install --no-build-isolation --no-deps -v -e .
 }
-export -f atomicity_stage tune_stage ensure_stage cu12_stage
+# The sanitize stage: the whole matrix, every run started within the stage's
+# own limit less what its slowest run may take.
+sanitize_stage() {
+  local commit=${LLAR_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
+  $PY -m jax_llar.tools.sanitize --out "$OUT" --tag "-${commit:0:7}" \
+    --max_seconds "${SANITIZE_MAX_S:-420}" ${SANITIZE_ARGS:-}
+}
+export -f atomicity_stage tune_stage ensure_stage cu12_stage sanitize_stage
 export KEEP TUNE_ARGS="${TUNE_ARGS:-}" ATOMICITY_SECONDS="${ATOMICITY_SECONDS:-60}" \
-  CU12_DIR="${CU12_DIR:-}" GPU1_ARGS="${GPU1_ARGS:-}" GPU1_TESTS="${GPU1_TESTS:-}"
+  CU12_DIR="${CU12_DIR:-}" GPU1_ARGS="${GPU1_ARGS:-}" GPU1_TESTS="${GPU1_TESTS:-}" \
+  SANITIZE_ARGS="${SANITIZE_ARGS:-}" SANITIZE_MAX_S="${SANITIZE_MAX_S:-}"
 export OUT PY LOOPBACK_SIZES LOOPBACK_ARGS="${LOOPBACK_ARGS:-}" \
   LOOPBACK_FAULT_ARGS="${LOOPBACK_FAULT_ARGS:-}"
 
@@ -192,7 +210,11 @@ for s in "${stages[@]}"; do
   case $s in
     build) run_stage build $PY -m pip install --no-build-isolation --no-deps -v -e . || break ;;
     tests) JAX_LLAR_TEST_GPU=1 JAX_LLAR_MULTIPROCESS_OUT="$OUT" run_stage tests $PY -m pytest -q -rs -p no:cacheprovider ${TEST_ARGS:-} tests/gpu ;;
-    gpu1) JAX_LLAR_TEST_GPU=1 run_stage gpu1 $PY -m pytest -q -rs -p no:cacheprovider ${GPU1_ARGS:-} ${GPU1_TESTS:-tests/gpu1} ;;
+    gpu1) xdist=""
+          $PY -c 'import xdist' 2>/dev/null && xdist="-n ${GPU1_WORKERS:-8}"
+          JAX_LLAR_TEST_GPU=1 run_stage gpu1 $PY -m pytest -q -rs -p no:cacheprovider \
+            --durations=0 $xdist ${GPU1_ARGS:-} ${GPU1_TESTS:-tests/gpu1} ;;
+    sanitize) run_stage sanitize bash -c sanitize_stage ;;
     graph) run_stage graph $PY -m jax_llar.tools.graphcheck --timeline_copy --out /tmp/llar_graphcheck ${GRAPH_ARGS:-} ;;
     kbench) run_stage kbench $PY -m jax_llar.tools.bench --level kernel --out "$OUT" ${KBENCH_ARGS:-} ;;
     sol) run_stage sol $PY -m jax_llar.tools.sol --out "$OUT" ${SOL_ARGS:-} \
@@ -229,6 +251,7 @@ grep -A30 "^inter-token latency" "$OUT/demo.log" 2>/dev/null
 tail -n 45 "$OUT/loop.log" 2>/dev/null
 grep -E '"in_command_buffer": (true|false)' "$OUT/graph.log" 2>/dev/null | tail -n 1
 grep -E "^(cases:|stopped:|note:)| (FAIL|ERROR)" "$OUT/loopback.log" 2>/dev/null | head -n 40
+grep -E "^(sanitizer errors|units:)| FAIL " "$OUT/sanitize.log" 2>/dev/null | head -n 30
 grep -E "^soak (PASSED|FAILED)" "$OUT/soak.log" 2>/dev/null
 grep -E "torn|verdict|passed|FAILED" "$OUT/atomicity.log" 2>/dev/null | tail -n 6
 grep -E "ranks: |lax.psum: |best single|up to 1 MiB|^\[verify" "$OUT/tune.log" "$OUT/verify.log" 2>/dev/null | tail -n 40
