@@ -29,9 +29,9 @@
 #   gpu1    JAX_LLAR_TEST_GPU=1 pytest tests/gpu1 (the one-GPU suite: the
 #           loopback harness's tests of every algorithm; GPU1_ARGS, and
 #           GPU1_TESTS in place of tests/gpu1 to run some of them), with
-#           --durations=0, on GPU1_WORKERS (default 8) pytest-xdist workers
-#           where pytest-xdist is installed (the tests are bound by their
-#           host-side checks and child processes, not by the GPU)
+#           --durations=0, in one process (GPU1_WORKERS=N: N pytest-xdist
+#           workers, which the GPU time-slices: on one H200 8 workers made
+#           the suite slower, benchmarks/NOTES.md)
 #   sanitize  python -m jax_llar.tools.sanitize: compute-sanitizer's memcheck,
 #           racecheck, synccheck and initcheck over every production kernel
 #           through the loopback harness (the matrix in its docstring);
@@ -211,7 +211,7 @@ for s in "${stages[@]}"; do
     build) run_stage build $PY -m pip install --no-build-isolation --no-deps -v -e . || break ;;
     tests) JAX_LLAR_TEST_GPU=1 JAX_LLAR_MULTIPROCESS_OUT="$OUT" run_stage tests $PY -m pytest -q -rs -p no:cacheprovider ${TEST_ARGS:-} tests/gpu ;;
     gpu1) xdist=""
-          $PY -c 'import xdist' 2>/dev/null && xdist="-n ${GPU1_WORKERS:-8}"
+          [ "${GPU1_WORKERS:-0}" -gt 0 ] && xdist="-n $GPU1_WORKERS"
           JAX_LLAR_TEST_GPU=1 run_stage gpu1 $PY -m pytest -q -rs -p no:cacheprovider \
             --durations=0 $xdist ${GPU1_ARGS:-} ${GPU1_TESTS:-tests/gpu1} ;;
     sanitize) run_stage sanitize bash -c sanitize_stage ;;

@@ -545,8 +545,10 @@ def make_inputs(rng: np.random.Generator, case: Case, sets: int,
   """Input sets of `case`, shape (sets, world, n_elems): random data, with
   `specials` the special columns in set 1 (set 0 when there is one), and
   with `nan_patterns` (float dtypes, sets >= 3) `nan_pattern_set` in set 2."""
-  x = np.stack([np.stack([testing.random_array(rng, (case.n_elems,), case.np_dtype)
-                          for _ in range(case.world)]) for _ in range(sets)])
+  x = np.empty((sets, case.world, case.n_elems), case.np_dtype)
+  for k in range(sets):  # the draws in set, then rank order
+    for r in range(case.world):
+      x[k, r] = testing.random_array(rng, (case.n_elems,), case.np_dtype)
   if specials:
     k = 1 if sets > 1 else 0
     x[k] = special_set(rng, x[k])

@@ -7,9 +7,9 @@ forces CPU devices otherwise):
     JAX_LLAR_TEST_GPU=1 python -m pytest -q -rs tests/gpu1
 
 Every test here is marked ``one_gpu`` and skipped, with the reason, when the
-suite cannot run. The tests start the tools in child processes, which set
-CUDA_DEVICE_MAX_CONNECTIONS before CUDA starts and may lose their CUDA
-context on purpose (fault mode).
+suite cannot run. The loopback tool runs in this process
+(loopback_helpers.py); its fault modes and a few other tools run in child
+processes, which may lose their CUDA context on purpose.
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ import pytest
 
 HERE = pathlib.Path(__file__).parent
 
-# The children need device memory too.
+# The children need device memory too; and the loopback harness, which runs
+# in this process (loopback_helpers.py), gives each simulated rank a stream
+# with a hardware queue of its own: both read when CUDA starts.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
 
 def one_gpu_skip_reason() -> str | None:

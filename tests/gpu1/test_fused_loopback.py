@@ -13,9 +13,9 @@ from loopback_helpers import statuses
 from loopback_helpers import run_tool as _run_tool
 
 
-def run_tool(tmp_path, *args, timeout=900):
+def run_tool(tmp_path, *args):
   """The tool's fused mode (loopback_helpers.run_tool)."""
-  return _run_tool(tmp_path, "--op=add_rms_norm", *args, timeout=timeout)
+  return _run_tool(tmp_path, "--op=add_rms_norm", *args)
 
 
 def test_every_dtype_and_shape_two_ranks(tmp_path):

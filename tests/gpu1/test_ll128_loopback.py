@@ -9,8 +9,8 @@ and above multiples of the 120-byte line (the first line, a block's lines,
 the one-shot LL's limit), the LL128's limit, 8-byte misaligned buffers,
 consecutive calls with and without synchronising the ranks, from epoch 0,
 across the re-zeroing window (every 2^14 epochs) and across the flag word's
-32-bit epoch wrap; a rank left
-out of one call ends in the bounded wait's error. What passes here is the
+32-bit epoch wrap (a rank left out of a call: test_faults_loopback.py).
+What passes here is the
 protocol logic and the reduction on one GPU's L2, not NVLink: every store is
 local (tests/gpu/test_ll128.py is the 2-GPU suite).
 """
@@ -61,7 +61,7 @@ def test_ll128_every_world_size_synchronised(tmp_path):
   rc, record, tail = run_tool(tmp_path, LL128, "--worlds=2,3,4,5,8,16",
                               "--dtypes=float32,bfloat16,float16,int32",
                               f"--sizes={sizes}", "--calls=20",
-                              "--start_epochs=0,4294967280", timeout=1200)
+                              "--start_epochs=0,4294967280")
   assert record is not None, tail
   assert rc == 0 and not _problems(record), tail
   passed = _passed(record)
@@ -143,17 +143,3 @@ def test_ll128_output_is_bitwise_the_one_shot_lls():
   rows, tail = _compare([[w, "bfloat16", 4200, 1, 4294967290] for w in (2, 5, 8)], calls=12,
                         sync=False, seed=1)
   assert [r["status"] for r in rows] == ["pass"] * 3, rows
-
-
-def test_ll128_rank_left_out_ends_in_the_bounded_wait_error(tmp_path):
-  """Rank 2 misses one call: every other rank ends in the bounded wait's
-  report naming rank 2, at that call's epoch, within the timeout, in a
-  child process each; never a hang."""
-  rc, record, tail = run_tool(tmp_path, LL128, "--skip_rank=2", "--skip_call=3", "--calls=6",
-                              "--worlds=3,16", "--dtypes=float32", "--sizes=4200",
-                              "--timeout_ms=1000", "--start_epochs=4294967293")
-  assert record is not None, tail
-  assert rc == 0 and statuses(record) == {"pass": 2}, tail
-  for row in record["rows"]:
-    assert row["records"] and all(r["peer"] == 2 for r in row["records"]), row
-    assert row["cuda_error"] and not row["deadline_exceeded"], row

@@ -10,8 +10,7 @@ every slot), the outputs bitwise equal to the one-shot LL's on the same
 inputs (every float16 and bfloat16 NaN and a float32 sample in every
 position of a line, all-ones words, -0.0, subnormals, inf) but for the bits
 of NaNs at 3 or more ranks, every NaN the canonical one (sentinel.cuh, NaN
-results), int32 refused, and a rank left out ending in the bounded-wait
-error. What
+results), int32 refused (a rank left out: test_faults_loopback.py). What
 passes here is the protocol logic and the reduction, not NVLink: every store
 is local to the one GPU.
 
@@ -41,8 +40,8 @@ SIZES = (2, 6, 16, 18, 100, 1024, 4100, 65536, 262144, 524288)
 ALLOWED_SKIPS = ("whole number", "co-resident", "float32, bfloat16 and float16 only")
 
 
-def _run(tmp_path, name, *args, timeout=900):
-  rc, record, tail = run_tool(tmp_path, *args, timeout=timeout)
+def _run(tmp_path, name, *args):
+  rc, record, tail = run_tool(tmp_path, *args)
   out = os.environ.get("JAX_LLAR_GPU1_RESULTS")
   if out and (tmp_path / "loopback.json").exists():
     pathlib.Path(out).mkdir(parents=True, exist_ok=True)
@@ -128,21 +127,6 @@ def test_sentinel_every_world_size_synchronised(tmp_path):
   kernels = {(r["world_size"], r["kernel"]) for r in record["rows"] if r["status"] == "pass"}
   assert {(2, "world 2"), (4, "world 4"), (8, "world 8"), (3, "generic"),
           (16, "generic")} <= kernels
-
-
-def test_sentinel_rank_left_out_ends_in_the_bounded_wait_error(tmp_path):
-  """Rank 2 misses one call: every other rank reports rank 2 at that call's
-  epoch with the sentinel's fold in all three flag fields (nothing arrived),
-  within the timeout, in a child process each; never a hang."""
-  rc, record, tail = _run(tmp_path, "fault", SENT, "--skip_rank=2", "--skip_call=3",
-                          "--calls=6", "--worlds=3,8", "--dtypes=float32",
-                          "--sizes=1024", "--timeout_ms=1000", "--start_epochs=5")
-  assert record is not None, tail
-  assert rc == 0 and statuses(record) == {"pass": 2}, tail
-  for row in record["rows"]:
-    assert row["records"] and all(r["peer"] == 2 for r in row["records"]), row
-    assert all(r["flag_seen"] == r["flag_seen2"] == 0xFFFFFFFF for r in row["records"]), row
-    assert row["cuda_error"] and not row["deadline_exceeded"], row
 
 
 def test_sentinel_ranks_running_ahead_generic_and_misaligned(tmp_path):

@@ -9,15 +9,15 @@ within jax_llar.testing.atomic_sum_violations's bound of the exact sum (NaN,
 infinities and overflow as that function states), NaNs canonical; every
 rank's epoch counters advanced once per call.
 
-Covered, in three short runs (the file is meant to take well under a minute
+Covered, in two short runs (the file is meant to take well under a minute
 on one H200): worlds 2, 3, 4, 5, 8 (the 2-, 4- and 8-rank kernels and the
 run-time one), every dtype, one element, odd tails, one element past a
 120-byte line, chunk counts not divisible by the number of ranks, several
 steps per line slot (1 MiB and 4 MiB at 2 ranks, 4 MiB at 3), random inputs
 with special values; consecutive calls synchronised (across the re-zeroing
 window and the 32-bit flag wrap) and not synchronised (ranks run calls ahead:
-both accumulator halves in use at once) with misaligned buffers; a rank left
-out of one call ends in the bounded wait's error (in a child process). What
+both accumulator halves in use at once) with misaligned buffers (a rank
+left out of a call: test_faults_loopback.py). What
 passes here is the protocol on one GPU's L2, not NVLink: every add and store
 is local (tests/gpu/test_two_shot_ll128_atomic.py is the 2-GPU suite).
 """
@@ -50,7 +50,7 @@ def test_two_shot_ll128_atomic_synchronised(tmp_path):
   rc, record, tail = run_tool(tmp_path, ATOMIC, "--worlds=2,3,4,8",
                               f"--dtypes={','.join(DTYPES)}",
                               "--sizes=4,6,124,4204,65540", "--calls=6", "--sets=3",
-                              "--start_epochs=4294967292", timeout=300)
+                              "--start_epochs=4294967292")
   assert record is not None, tail
   assert rc == 0 and not _problems(record), tail
   _rule_checked(record)
@@ -71,7 +71,7 @@ def test_two_shot_ll128_atomic_ranks_running_ahead_misaligned_several_steps(tmp_
   from epoch 0; sizes up to the 4 MiB limit (several steps per line slot)."""
   rc, record, tail = run_tool(tmp_path, ATOMIC, "--worlds=2,3,5", "--dtypes=float32,bfloat16",
                               "--sizes=124,65540,1048580,4194304", "--calls=8", "--sets=3",
-                              "--no_sync", "--misalign=4", "--start_epochs=0", timeout=300)
+                              "--no_sync", "--misalign=4", "--start_epochs=0")
   assert record is not None, tail
   assert rc == 0 and not _problems(record), tail
   _rule_checked(record)
@@ -83,18 +83,3 @@ def test_two_shot_ll128_atomic_ranks_running_ahead_misaligned_several_steps(tmp_
   assert {(2, "float32", 4194304, 0), (3, "bfloat16", 4194304, 0)} <= passed, tail
   steps = {r["plan"]["steps"] for r in record["rows"] if r["status"] == "pass"}
   assert max(steps) >= 3, steps
-
-
-def test_two_shot_ll128_atomic_rank_left_out_ends_in_the_bounded_wait_error(tmp_path):
-  """Rank 2 misses call 3 of 6 at 4 ranks: every other rank ends in the
-  bounded wait's report (its own mask wait names rank 2 as the missing bit;
-  an all-gather wait names a chunk owner), within the timeout, in a child
-  process; never a hang."""
-  rc, record, tail = run_tool(tmp_path, ATOMIC, "--skip_rank=2", "--skip_call=3", "--calls=6",
-                              "--worlds=4", "--dtypes=float32", "--sizes=4204",
-                              "--timeout_ms=1000", "--start_epochs=100", timeout=300)
-  assert record is not None, tail
-  assert rc == 0 and statuses(record) == {"pass": 1}, tail
-  (row,) = record["rows"]
-  assert row["records"] and row["cuda_error"] and not row["deadline_exceeded"], row
-  assert all(r["peer"] != r["rank"] and r["rank"] != 2 for r in row["records"]), row

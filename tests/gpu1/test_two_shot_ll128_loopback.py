@@ -8,8 +8,8 @@ the number of ranks, one element either side of a multiple of the 120-byte
 line, several steps per line slot, the 4 MiB limit; 20-50 calls,
 synchronised and not, misaligned buffers, from epoch 0, across the
 re-zeroing window (every 2^14 epochs) and across the flag word's 32-bit epoch
-wrap (from 2^32 - 16, inside the 20 calls); a rank left out of one call ends
-in the bounded wait's error. Every dtype runs every size up to 480 KiB;
+wrap (from 2^32 - 16, inside the 20 calls); a rank left out of a call:
+test_faults_loopback.py. Every dtype runs every size up to 480 KiB;
 above that float32 and bfloat16 stand for the 4- and 2-byte element paths
 (the step and chunk arithmetic depends on bytes and ranks, not the dtype). What passes here is the protocol
 logic and the reduction on one GPU's L2, not NVLink: every store is local.
@@ -94,14 +94,3 @@ def test_two_shot_ll128_output_is_bitwise_the_two_shot_lls():
   assert all(r["equal"] and r["reference"] for r in passed)
   assert {(r["world_size"], r["dtype"]) for r in passed} >= {
       (w, d) for w in (2, 3, 5) for d in ("float32", "bfloat16", "int32")}
-
-
-def test_two_shot_ll128_rank_left_out_ends_in_the_bounded_wait_error(tmp_path):
-  rc, record, tail = run_tool(tmp_path, TWO, "--skip_rank=2", "--skip_call=3", "--calls=6",
-                              "--worlds=3,8", "--dtypes=float32", "--sizes=1024,262148",
-                              "--timeout_ms=1000", "--start_epochs=4294967293")
-  assert record is not None, tail
-  assert rc == 0 and statuses(record) == {"pass": 4}, tail
-  for row in record["rows"]:
-    assert row["records"] and all(r["peer"] != r["rank"] for r in row["records"]), row
-    assert row["cuda_error"] and not row["deadline_exceeded"], row

@@ -1,0 +1,134 @@
+"""The fault modes of every simulated algorithm on the loopback harness (one
+GPU): a rank left out of a call, and a call paired with a call of another
+signature. Each case runs in a child process of its own (the kernels trap,
+which loses the child's CUDA context; ``loopback_harness.run_fault_case``),
+and all of a test's children run at once (`JOBS`): each spends most of its
+life starting Python, JAX and CUDA, and the GPU time-slices between their
+contexts, whose grids stay co-resident and whose bounded waits count wall
+time.
+
+A rank left out (``skip``): rank R's kernel is never launched on one call;
+every other rank must end in the bounded wait's report (naming R, or for the
+two-shots a chunk owner whose reduction waits for R) at that call's epoch,
+within the timeout (`lh.fault_problems`), never a hang. Covered: every
+algorithm; the kernels for 2, 4 and 8 ranks and the run-time one (3, 16);
+from epoch 0 and across the re-zeroing window and the flag wrap; without
+synchronising the ranks (16 ranks); the two-shots at one step and past the
+one-shot limit; the sentinel's fold of all three flag fields.
+
+A mispaired call (``extra_call``: rank 1 runs one extra call of another
+signature before call 3; ``swap_signature``: rank 1's call 3 carries
+another signature), for every signed algorithm at 2 ranks (specialised
+kernel) and 3 (run-time one), from 2^16 - 3 (the faulty call is the first
+after the LL flags' 16-bit wrap, right after a re-zeroing window): every
+report is the foreign-signature error (code 2) naming both signatures,
+written long before the timeout (`lh.signature_fault_problems`); the
+kernels trap, so no call completes with another call's data. Every other
+one-GPU test runs with signatures on (a different one per call), so none of
+them may meet a foreign line either.
+
+What passes here is the protocol's failure path, not NVLink.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+
+import pytest
+
+from jax_llar.tools import loopback_harness as lh
+
+JOBS = 8
+SIGNED = ("one_shot_ll", "two_shot_ll", "one_shot_ll128", "two_shot_ll128")
+SIGNATURE_TIMEOUT_MS = 10000
+
+
+def _skip(algorithm, worlds, sizes, start_epochs, *, rank=2, call=3, calls=6,
+          dtype="float32", sync=True):
+  s = lh.Settings(worlds=worlds, dtypes=(dtype,), sizes=sizes, calls=calls,
+                  timeout_ms=1000, start_epochs=start_epochs, sync=sync, algorithm=algorithm)
+  return s, {"skip_rank": rank, "skip_call": call}
+
+
+def _mispaired(algorithm, fault):
+  s = lh.Settings(worlds=(2, 3), dtypes=("float32",), sizes=(4096,), calls=6,
+                  timeout_ms=SIGNATURE_TIMEOUT_MS, start_epochs=(65533,), algorithm=algorithm)
+  return s, {"skip_rank": -1, "skip_call": 0, "fault": fault, "fault_rank": 1,
+             "fault_call": 3}
+
+
+WRAP = 4294967293  # 2^32 - 3: call 3 is the first past the 32-bit wrap
+SKIPS = {
+    "one_shot_ll": _skip("one_shot_ll", (3, 8), (1024,), (0, WRAP)),
+    "one_shot_ll.nosync16": _skip("one_shot_ll", (16,), (4096,), (0,), rank=15, call=7,
+                                  calls=8, dtype="bfloat16", sync=False),
+    "one_shot_ll128": _skip("one_shot_ll128", (3, 16), (4200,), (WRAP,)),
+    "one_shot_sentinel": _skip("one_shot_sentinel", (3, 8), (1024,), (5,)),
+    "two_shot_ll": _skip("two_shot_ll", (3, 8), (1024, 262148), (WRAP,)),
+    "two_shot_ll128": _skip("two_shot_ll128", (3, 8), (1024, 262148), (WRAP,)),
+    "two_shot_ll128_atomic": _skip("two_shot_ll128_atomic", (4,), (4204,), (100,)),
+}
+MISPAIRED = {f"{a}.{f}": _mispaired(a, f) for a in SIGNED for f in lh.SIGNATURE_FAULTS}
+
+
+def _run_all(specs):
+  """Every case of every spec, each in its child, JOBS at once; returns
+  {name: rows}, rows in case order."""
+  futures = {}
+  with concurrent.futures.ThreadPoolExecutor(max_workers=JOBS) as pool:
+    for name, (s, fault) in specs.items():
+      assert not lh.validate(s), (name, lh.validate(s))
+      futures[name] = []
+      for case, reason in lh.cases(s):
+        assert reason is None, (name, case, reason)
+        futures[name].append(pool.submit(functools.partial(lh.run_fault_case, s, case,
+                                                           **fault)))
+  return {name: [f.result() for f in fs] for name, fs in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def skipped():
+  return _run_all(SKIPS)
+
+
+@pytest.fixture(scope="module")
+def mispaired():
+  return _run_all(MISPAIRED)
+
+
+def _lines(rows):
+  return "\n".join(lh._line(r) for r in rows)  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("name", sorted(SKIPS))
+def test_a_rank_left_out_ends_in_the_bounded_wait_error(skipped, name):
+  rows = skipped[name]
+  s, fault = SKIPS[name]
+  assert rows and all(r["status"] == "pass" for r in rows), _lines(rows)
+  left_out = fault["skip_rank"]
+  for row in rows:
+    assert row["records"] and row["cuda_error"] and not row["deadline_exceeded"], row
+    if s.algorithm.startswith("two_shot"):
+      # A chunk owner may be the one the others wait for.
+      assert all(r["peer"] != r["rank"] and r["rank"] != left_out for r in row["records"]), row
+    else:
+      assert all(r["peer"] == left_out for r in row["records"]), row
+    if s.algorithm == "one_shot_sentinel":
+      # Nothing arrived: the sentinel's fold in all three flag fields.
+      assert all(r["flag_seen"] == r["flag_seen2"] == 0xFFFFFFFF for r in row["records"]), row
+  assert {(r["world_size"], r["bytes_per_rank"], r["start_epoch"]) for r in rows} == {
+      (w, n, e) for w in s.worlds for n in s.sizes for e in s.start_epochs}
+
+
+@pytest.mark.parametrize("name", sorted(MISPAIRED))
+def test_a_mispaired_call_ends_in_the_foreign_signature_error(mispaired, name):
+  rows = mispaired[name]
+  _, fault = MISPAIRED[name]
+  assert [r["status"] for r in rows] == ["pass", "pass"], _lines(rows)
+  for row in rows:
+    assert row["fault"] == fault["fault"] and row["cuda_error"], row
+    assert row["records"] and all(r["code"] == lh.FOREIGN_SIGNATURE for r in row["records"])
+    # Seen at once: long before the timeout, on the device and on the host.
+    assert all(r["waited_ns"] < SIGNATURE_TIMEOUT_MS * 1e6 for r in row["records"]), row
+    assert row["seconds_to_error"] < SIGNATURE_TIMEOUT_MS / 1e3, row
