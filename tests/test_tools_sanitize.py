@@ -8,6 +8,7 @@ first is the report the one-block fused kernel produced on one H200
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -100,9 +101,19 @@ def test_the_full_matrix_covers_every_simulated_algorithm_and_fault():
                 if a.startswith("--algorithm=")}
   assert algorithms == set(lh.ALGORITHMS) - set(lh.NOT_SIMULATED)
   assert any("--op=add_rms_norm" in u.args for u in units)
-  faults = {a.split("=")[0] for u in units if u.fault for a in u.args
-            if a.split("=")[0] in ("--skip_rank", "--extra_call_rank", "--swap_signature_rank")}
-  assert faults == {"--skip_rank", "--extra_call_rank", "--swap_signature_rank"}
+  # A rank left out, and a mispaired call (the foreign-signature report
+  # that extra_call and swap_signature both end in).
+  faults = {json.loads(u.spec)["fault"] for u in units if u.fault}
+  assert faults == {"skip", "extra_call"}
+  for u in units:
+    if u.fault:
+      spec = json.loads(u.spec)
+      assert spec["algorithm"] in lh.ALGORITHMS and not u.args
+      settings = lh.Settings(worlds=(spec["world"],), dtypes=(spec["dtype"],),
+                             sizes=(spec["n_bytes"],), calls=spec["calls"],
+                             timeout_ms=spec["timeout_ms"], algorithm=spec["algorithm"])
+      assert not lh.validate(settings), u.name
+      assert spec["skip_call"] < spec["calls"] and spec["fault_call"] < spec["calls"]
   assert len({u.name for u in units}) == len(units)
   # The fused op's one-block (d = 64) and 8-block (d = 16384) rows, rows 1-32.
   fused = next(u for u in units if "--op=add_rms_norm" in u.args)
@@ -125,6 +136,8 @@ def test_every_unit_is_a_valid_loopback_command():
       from jax_llar.tools import loopback_harness as lh
       bad = []
       for u in sanitize.FULL + sanitize.SMALL:
+        if u.fault:
+          continue
         flags.FLAGS.unparse_flags()
         flags.FLAGS(["loopback", *u.args])
         s = loopback.settings_from_flags()
@@ -142,10 +155,21 @@ def test_every_unit_is_a_valid_loopback_command():
 
 
 def test_the_command_follows_children_and_names_the_tool():
-  cmd = sanitize.command("/x/compute-sanitizer", "racecheck", FAULT_UNIT, "/tmp/r.json")
+  cmd = sanitize.command("/x/compute-sanitizer", "racecheck", CLEAN_UNIT, "/tmp/r.json")
   assert cmd[0] == "/x/compute-sanitizer" and "--tool=racecheck" in cmd
   assert "--target-processes=all" in cmd
   assert cmd[cmd.index("-m") + 1] == "jax_llar.tools.loopback"
+  fault = next(u for u in sanitize.FULL if u.fault)
+  cmd = sanitize.command("/x/compute-sanitizer", "memcheck", fault, "/tmp/r.json")
+  assert cmd[cmd.index("-m") + 1] == lh.CHILD and json.loads(cmd[-1]) == json.loads(fault.spec)
+
+
+def test_first_report_quotes_the_defect():
+  lines = sanitize.first_report(ONE_BLOCK_CLUSTER)
+  assert lines[0].endswith("Invalid __shared__ write of size 4 bytes")
+  assert any("Cluster needs to have at least 2 blocks" in ln for ln in lines)
+  assert not any("Program hit" in ln for ln in lines)
+  assert sanitize.first_report(CLEAN) == []
 
 
 def test_cli_errors_are_one_line_without_a_gpu(tmp_path):

@@ -180,8 +180,10 @@ SWAP_SIGNATURE_RANK = flags.DEFINE_integer(
     "error.", lower_bound=-1, upper_bound=lh.MAX_RANKS - 1)
 FAULT_CALL = flags.DEFINE_integer("fault_call", 3, "The call of a signature fault "
                                   "(0-based, below --calls).", lower_bound=0)
-JOBS = flags.DEFINE_integer("jobs", 4, "Fault modes: child processes (cases) run at once, "
-                            "each with a CUDA context of its own (1: one at a time).",
+JOBS = flags.DEFINE_integer("jobs", 1, "Fault modes: child processes (cases) run at once, "
+                            "each with a CUDA context of its own. Above 1 on one H200 the "
+                            "trapping children made each other's bounded waits end tens "
+                            "of seconds late (benchmarks/NOTES.md).",
                             lower_bound=1, upper_bound=32)
 OP = flags.DEFINE_enum(
     "op", "all_reduce", ["all_reduce", "add_rms_norm"],

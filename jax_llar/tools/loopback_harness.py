@@ -1259,11 +1259,11 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
     line: a row's line.
     in_process: the cases run in this process; False when each runs in a
       child (fault mode), whose lost context leaves this one intact.
-    jobs: with `in_process` False, how many cases (children) run at once.
-      Each child has a CUDA context of its own; the GPU time-slices between
-      contexts, and a context keeps its blocks resident while it runs, so
-      each child's grids stay co-resident and its bounded waits, which count
-      wall time, end on time. In process the cases always run one at a time.
+    jobs: with `in_process` False, how many cases (children) run at once,
+      each with a CUDA context of its own that the GPU time-slices. Keep it
+      at 1 for cases that trap: on one H200, eight trapping children at once
+      made each other's bounded waits end tens of seconds late or not by the
+      host's deadline. In process the cases always run one at a time.
 
   Returns:
     The rows, one per case, in case order.

@@ -15,16 +15,20 @@ where the grid grows, the largest served), the run-time world-size kernel
 with misaligned buffers and unsynchronised ranks, the fused all-reduce +
 add + RMSNorm over one-block and multi-block row clusters and both weight
 dtypes, and the fault modes (a rank left out of a call; a call paired with
-a call of another signature). `SMALL` is a cross-section of it for the
+a call of another signature, whose foreign-signature report the other
+signature fault ends in too). A fault unit is one fault child
+(``jax_llar.tools.programs.loopback_fault``) under the sanitizer, run one at
+a time after the clean units. `SMALL` is a cross-section of it for the
 one-GPU test suite.
 
 Verdict per (tool, unit), from the sanitizer's report (`parse_report`):
   clean unit: passes when the harness passed every case it ran and the
     sanitizer reported nothing (ERROR SUMMARY 0, no hazard, no error line);
   fault unit: the kernels trap on purpose (the bounded wait's report), so
-    the sanitizer may report the trap and the CUDA calls that fail after it.
-    It passes when the harness passed (each case ended in the error it
-    must) and no report is a defect (`DEFECT`: an invalid or misaligned
+    the sanitizer may report the trap (memcheck: "Trace/breakpoint trap",
+    once per thread) and the CUDA calls that fail after it. It passes when
+    the child's report is the one it must be (``loopback_harness.
+    fault_problems``) and no sanitizer report is a defect (`DEFECT`: an invalid or misaligned
     access, a race, a barrier error, an uninitialised read, a leak); the
     reports it did make are counted as "expected", neither a pass nor a
     failure of the sanitizer.
@@ -33,7 +37,10 @@ did not finish within --unit_timeout_s, a run that never started).
 
 A row (`run_unit`): ``{"tool", "unit", "fault", "status", "sanitizer_errors",
 "defects", "expected", "reports", "loopback_rc", "cases", "seconds",
-"command"}``, with "why" and the output's "tail" when it failed.
+"command"}``, with "first_report" (the first report's lines, a defect's
+first) when the sanitizer reported anything, "problem_cases" (the cases
+that neither passed nor were skipped, and why) and "why" and the output's
+"tail" when it failed.
 
 What this shows and what not: what the sanitizer can see on one GPU, with
 every store local; not NVLink, and not the FFI path through XLA.
@@ -53,6 +60,8 @@ import tempfile
 import time
 from typing import Sequence
 
+from jax_llar.tools import loopback_harness as lh
+
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
@@ -68,11 +77,22 @@ FAULT_TIMEOUT_MS = 3000
 
 @dataclasses.dataclass(frozen=True)
 class Unit:
-  """One loopback run: a name, the loopback tool's arguments, and whether it
-  is a fault mode (traps expected)."""
+  """One sanitized run.
+
+  Attributes:
+    name: the unit's name in the matrix.
+    args: a clean unit's ``python -m jax_llar.tools.loopback`` arguments.
+    fault: a fault unit (traps expected): `spec` is the case its child runs.
+    spec: the fault child's spec (``loopback_harness.fault_spec``); the child
+      (``jax_llar.tools.programs.loopback_fault``) runs under the sanitizer
+      itself, and its report is checked with ``loopback_harness.fault_problems``.
+    tools: the tools this unit runs under (empty: every tool asked for).
+  """
   name: str
-  args: tuple[str, ...]
+  args: tuple[str, ...] = ()
   fault: bool = False
+  spec: str = ""  # JSON, so that the unit stays hashable and printable
+  tools: tuple[str, ...] = ()
 
 
 def _all_reduce(name: str, algorithm: str, worlds: str, dtypes: str, sizes: str,
@@ -82,14 +102,19 @@ def _all_reduce(name: str, algorithm: str, worlds: str, dtypes: str, sizes: str,
                      f"--timeout_ms={CLEAN_TIMEOUT_MS}", *extra))
 
 
-def _fault(name: str, algorithm: str, world: int, fault: str) -> Unit:
-  how = {"skip": ("--skip_rank=1", "--skip_call=1"),
-         "extra_call": ("--extra_call_rank=1", "--fault_call=1"),
-         "swap_signature": ("--swap_signature_rank=1", "--fault_call=1")}[fault]
+def _fault(name: str, algorithm: str, world: int, fault: str,
+           tools: tuple[str, ...] = ()) -> Unit:
+  """Rank 1 left out of call 1 of 3 (``skip``), or a signature fault of rank
+  1 on call 1 (``extra_call``, ``swap_signature``); float32, 4 KiB."""
   timeout = FAULT_TIMEOUT_MS if fault == "skip" else CLEAN_TIMEOUT_MS
-  return Unit(name, (f"--algorithm={algorithm}", f"--worlds={world}", "--dtypes=float32",
-                     "--sizes=4096", "--calls=3", "--sets=1", f"--timeout_ms={timeout}",
-                     *how), fault=True)
+  settings = lh.Settings(worlds=(world,), dtypes=("float32",), sizes=(4096,), calls=3, sets=1,
+                         timeout_ms=timeout, algorithm=algorithm)
+  case = lh.Case(world, "float32", 4096, 0)
+  if fault == "skip":
+    spec = lh.fault_spec(settings, case, 1, 1)
+  else:
+    spec = lh.fault_spec(settings, case, -1, 0, fault=fault, fault_rank=1, fault_call=1)
+  return Unit(name, fault=True, spec=json.dumps(spec, sort_keys=True), tools=tools)
 
 
 ALL = "float32,bfloat16,float16,int32"
@@ -131,23 +156,23 @@ FULL = (
     Unit("add_rms_norm", ("--op=add_rms_norm", "--worlds=2,3,4,8", f"--dtypes={FLOATS}",
                           "--shapes=1x64,2x64,32x64,1x640,1x2048,2x2048,8x2048,3x5120,"
                           "32x2048,1x16384", "--calls=3", f"--timeout_ms={CLEAN_TIMEOUT_MS}")),
+    # Fault units run one at a time, after the clean ones (`run`).
     _fault("fault.skip.one_shot_ll", "one_shot_ll", 3, "skip"),
-    _fault("fault.skip.two_shot_ll128_atomic", "two_shot_ll128_atomic", 4, "skip"),
-    _fault("fault.extra_call.two_shot_ll", "two_shot_ll", 3, "extra_call"),
-    _fault("fault.swap_signature.one_shot_ll128", "one_shot_ll128", 2, "swap_signature"),
+    _fault("fault.extra_call.two_shot_ll", "two_shot_ll", 2, "extra_call"),
 )
 
 # The one-GPU suite's cross-section: the fused kernel's one-block and
 # multi-block rows with both weight dtypes (the class of the defect the
 # sanitizer found), one one-shot and one two-shot with odd and line-edge
-# sizes, and one fault.
+# sizes, and one fault under memcheck (which sees the trap) and synccheck
+# (the warp-collective waits it leaves).
 SMALL = (
     Unit("add_rms_norm", ("--op=add_rms_norm", "--worlds=2", "--dtypes=bfloat16,float32",
                           "--shapes=1x64,2x2048", "--calls=2",
                           f"--timeout_ms={CLEAN_TIMEOUT_MS}")),
     _all_reduce("one_shot_ll", "one_shot_ll", "2,3", "float32,bfloat16", "6,520,32776"),
     _all_reduce("two_shot_ll128", "two_shot_ll128", "2", "float32", "4,124,65540"),
-    _fault("fault.skip.one_shot_ll", "one_shot_ll", 2, "skip"),
+    _fault("fault.skip.one_shot_ll", "one_shot_ll", 2, "skip", tools=("memcheck", "synccheck")),
 )
 
 MATRICES = {"full": FULL, "small": SMALL}
@@ -260,10 +285,41 @@ def sanitizer_version(sanitizer: str) -> str | None:
 
 
 def command(sanitizer: str, tool: str, unit: Unit, json_path: str) -> list[str]:
-  """The sanitized loopback run of `unit` (child processes followed)."""
-  return [sanitizer, f"--tool={tool}", "--target-processes=all", "--launch-timeout=300",
-          "--print-limit=100", sys.executable, "-m", "jax_llar.tools.loopback",
-          f"--json={json_path}", *unit.args]
+  """The sanitized run of `unit`: the loopback tool (its children followed),
+  or for a fault unit the fault child itself."""
+  head = [sanitizer, f"--tool={tool}", "--target-processes=all", "--launch-timeout=300",
+          "--print-limit=20", sys.executable, "-m"]
+  if unit.fault:
+    return head + [lh.CHILD, unit.spec]
+  return head + ["jax_llar.tools.loopback", f"--json={json_path}", *unit.args]
+
+
+def first_report(text: str, limit: int = 40) -> list[str]:
+  """The lines of the first report in compute-sanitizer's output `text`
+  (a defect's if there is one): its headline and continuation lines."""
+  lines = text.splitlines()
+  starts = [k for k, ln in enumerate(lines)
+            if ln.startswith(PREFIX + " ") and not ln.startswith(PREFIX + "  ")
+            and ln[len(PREFIX) + 1:].strip()
+            and not _NOT_REPORTS.search(ln) and not _ERROR_SUMMARY.search(ln)]
+  if not starts:
+    return []
+  k = next((k for k in starts if DEFECT.search(lines[k])), starts[0])
+  out = [lines[k]]
+  for ln in lines[k + 1:k + limit]:
+    if not ln.startswith(PREFIX + "  "):
+      break
+    out.append(ln)
+  return out
+
+
+def _problem_cases(record: dict | None, limit: int = 3) -> list[dict]:
+  """The first rows of a loopback record that neither passed nor were
+  skipped, with the fields that say why."""
+  keys = ("world_size", "dtype", "weight_dtype", "rows", "d", "bytes_per_rank", "start_epoch",
+          "status", "reason", "cuda_error", "first_mismatch", "problems")
+  rows = [r for r in (record or {}).get("rows", []) if r["status"] not in ("pass", "skipped")]
+  return [{k: r[k] for k in keys if k in r} for r in rows[:limit]]
 
 
 def run_unit(sanitizer: str, tool: str, unit: Unit, work: str, timeout_s: float) -> dict:
@@ -272,6 +328,7 @@ def run_unit(sanitizer: str, tool: str, unit: Unit, work: str, timeout_s: float)
   cmd = command(sanitizer, tool, unit, json_path)
   env = dict(os.environ)
   env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+  env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", lh.MAX_CONNECTIONS)
   row = {"tool": tool, "unit": unit.name, "fault": unit.fault,
          "command": " ".join(cmd[1:5] + ["python"] + cmd[6:])}
   t0 = time.monotonic()
@@ -285,16 +342,26 @@ def run_unit(sanitizer: str, tool: str, unit: Unit, work: str, timeout_s: float)
     row["timed_out"] = True
   row["seconds"] = round(time.monotonic() - t0, 1)
   parsed = parse_report(text)
-  record = None
-  if os.path.exists(json_path):
-    try:
-      with open(json_path) as f:
-        record = json.load(f)
-    except (OSError, json.JSONDecodeError):
-      record = None
   cases: dict[str, int] = {}
-  for r in (record or {}).get("rows", []):
-    cases[r["status"]] = cases.get(r["status"], 0) + 1
+  if unit.fault:
+    data = next((json.loads(ln) for ln in reversed(text.splitlines())
+                 if ln.startswith("{") and ln.rstrip().endswith("}")), None)
+    problems = lh.fault_problems(json.loads(unit.spec), data)
+    cases = {"fail": 1} if problems else {"pass": 1}
+    if problems:
+      row["problem_cases"] = [{"problems": problems}]
+  else:
+    record = None
+    if os.path.exists(json_path):
+      try:
+        with open(json_path) as f:
+          record = json.load(f)
+      except (OSError, json.JSONDecodeError):
+        record = None
+    for r in (record or {}).get("rows", []):
+      cases[r["status"]] = cases.get(r["status"], 0) + 1
+    if _problem_cases(record):
+      row["problem_cases"] = _problem_cases(record)
   status, why = verdict(unit, parsed, rc, cases)
   if row.get("timed_out"):
     why.insert(0, f"did not finish within {timeout_s:g} s")
@@ -302,6 +369,8 @@ def run_unit(sanitizer: str, tool: str, unit: Unit, work: str, timeout_s: float)
   row.update(status=status, sanitizer_errors=parsed["errors"], defects=parsed["defects"],
              expected=parsed["errors"] if unit.fault and status == "pass" else 0,
              reports=parsed["reports"], loopback_rc=rc, cases=cases)
+  if parsed["reports"]:
+    row["first_report"] = first_report(text)
   if why:
     row["why"] = why
     row["tail"] = text[-3000:]
@@ -310,14 +379,18 @@ def run_unit(sanitizer: str, tool: str, unit: Unit, work: str, timeout_s: float)
 
 def run(sanitizer: str, tools: Sequence[str], units: Sequence[Unit], jobs: int,
         unit_timeout_s: float, max_seconds: float | None = None) -> list[dict]:
-  """Every (tool, unit), up to `jobs` at once (each its own processes and
-  CUDA contexts, which the GPU time-slices), printing a line per finished
-  one. Units not started within `max_seconds` get a "not_run" row.
+  """Every (tool, unit) the unit admits: the clean units up to `jobs` at once
+  (each its own processes and CUDA contexts, which the GPU time-slices),
+  then the fault units one at a time (a trapping context beside others made
+  kernels of those miss their bounds by tens of seconds on one H200), printing
+  a line per finished run. Runs not started within `max_seconds` get a
+  "not_run" row.
 
   Returns:
     The rows in (unit, tool) order.
   """
-  pairs = [(tool, unit) for unit in units for tool in tools]
+  pairs = [(tool, unit) for unit in units for tool in tools
+           if not unit.tools or tool in unit.tools]
   deadline = None if max_seconds is None else time.monotonic() + max_seconds
   work = tempfile.mkdtemp(prefix="jax_llar_sanitize_")
 
@@ -329,11 +402,15 @@ def run(sanitizer: str, tools: Sequence[str], units: Sequence[Unit], jobs: int,
     print(line(row), flush=True)
     return row
 
+  done: dict[tuple[str, str], dict] = {}
   with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-    futures = [pool.submit(go, tool, unit) for tool, unit in pairs]
-    rows = [f.result() for f in futures]
+    futures = {(t, u.name): pool.submit(go, t, u) for t, u in pairs if not u.fault}
+    done.update({k: f.result() for k, f in futures.items()})
+  for t, u in pairs:
+    if u.fault:
+      done[(t, u.name)] = go(t, u)
   shutil.rmtree(work, ignore_errors=True)
-  return rows
+  return [done[(t, u.name)] for t, u in pairs]
 
 
 def line(row: dict) -> str:

@@ -2,45 +2,41 @@
 GPU): a rank left out of a call, and a call paired with a call of another
 signature. Each case runs in a child process of its own (the kernels trap,
 which loses the child's CUDA context; ``loopback_harness.run_fault_case``),
-and all of a test's children run at once (`JOBS`): each spends most of its
-life starting Python, JAX and CUDA, and the GPU time-slices between their
-contexts, whose grids stay co-resident and whose bounded waits count wall
-time.
+one at a time: with several trapping children at once on one H200 the
+bounded waits of the others ended tens of seconds late or not before the
+host's deadline (benchmarks/NOTES.md). A child costs about 6 s, so each
+kernel's failure path is covered once, not at every size.
 
 A rank left out (``skip``): rank R's kernel is never launched on one call;
 every other rank must end in the bounded wait's report (naming R, or for the
 two-shots a chunk owner whose reduction waits for R) at that call's epoch,
 within the timeout (`lh.fault_problems`), never a hang. Covered: every
-algorithm; the kernels for 2, 4 and 8 ranks and the run-time one (3, 16);
-from epoch 0 and across the re-zeroing window and the flag wrap; without
-synchronising the ranks (16 ranks); the two-shots at one step and past the
-one-shot limit; the sentinel's fold of all three flag fields.
+algorithm at 3 ranks (the run-time world-size kernel), the one-shot LL also
+at 8 (a specialised kernel) and at 16 without synchronising the ranks;
+across the flag wrap (from 2^32 - 3; the sentinel from an odd epoch); the
+two-shots past the one-shot limit (several chunks a block); the sentinel's
+fold of all three flag fields (nothing arrived).
 
 A mispaired call (``extra_call``: rank 1 runs one extra call of another
-signature before call 3; ``swap_signature``: rank 1's call 3 carries
-another signature), for every signed algorithm at 2 ranks (specialised
-kernel) and 3 (run-time one), from 2^16 - 3 (the faulty call is the first
-after the LL flags' 16-bit wrap, right after a re-zeroing window): every
-report is the foreign-signature error (code 2) naming both signatures,
-written long before the timeout (`lh.signature_fault_problems`); the
-kernels trap, so no call completes with another call's data. Every other
-one-GPU test runs with signatures on (a different one per call), so none of
-them may meet a foreign line either.
+signature before call 3; ``swap_signature``: rank 1's call 3 carries another
+signature), for every signed algorithm, both faults for the one-shot LL,
+from 2^16 - 3 (the faulty call is the first after the LL flags' 16-bit
+wrap, right after a re-zeroing window): every report is the
+foreign-signature error (code 2) naming both signatures, written long
+before the timeout (`lh.signature_fault_problems`); the kernels trap, so no
+call completes with another call's data. Every other one-GPU test runs with
+signatures on (a different one per call), so none of them may meet a
+foreign line either.
 
 What passes here is the protocol's failure path, not NVLink.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
-import functools
-
 import pytest
 
 from jax_llar.tools import loopback_harness as lh
 
-JOBS = 8
-SIGNED = ("one_shot_ll", "two_shot_ll", "one_shot_ll128", "two_shot_ll128")
 SIGNATURE_TIMEOUT_MS = 10000
 
 
@@ -51,8 +47,8 @@ def _skip(algorithm, worlds, sizes, start_epochs, *, rank=2, call=3, calls=6,
   return s, {"skip_rank": rank, "skip_call": call}
 
 
-def _mispaired(algorithm, fault):
-  s = lh.Settings(worlds=(2, 3), dtypes=("float32",), sizes=(4096,), calls=6,
+def _mispaired(algorithm, fault, world):
+  s = lh.Settings(worlds=(world,), dtypes=("float32",), sizes=(4096,), calls=6,
                   timeout_ms=SIGNATURE_TIMEOUT_MS, start_epochs=(65533,), algorithm=algorithm)
   return s, {"skip_rank": -1, "skip_call": 0, "fault": fault, "fault_rank": 1,
              "fault_call": 3}
@@ -60,31 +56,35 @@ def _mispaired(algorithm, fault):
 
 WRAP = 4294967293  # 2^32 - 3: call 3 is the first past the 32-bit wrap
 SKIPS = {
-    "one_shot_ll": _skip("one_shot_ll", (3, 8), (1024,), (0, WRAP)),
+    "one_shot_ll": _skip("one_shot_ll", (3, 8), (1024,), (WRAP,)),
     "one_shot_ll.nosync16": _skip("one_shot_ll", (16,), (4096,), (0,), rank=15, call=7,
                                   calls=8, dtype="bfloat16", sync=False),
-    "one_shot_ll128": _skip("one_shot_ll128", (3, 16), (4200,), (WRAP,)),
-    "one_shot_sentinel": _skip("one_shot_sentinel", (3, 8), (1024,), (5,)),
-    "two_shot_ll": _skip("two_shot_ll", (3, 8), (1024, 262148), (WRAP,)),
-    "two_shot_ll128": _skip("two_shot_ll128", (3, 8), (1024, 262148), (WRAP,)),
-    "two_shot_ll128_atomic": _skip("two_shot_ll128_atomic", (4,), (4204,), (100,)),
+    "one_shot_ll128": _skip("one_shot_ll128", (3,), (4200,), (WRAP,)),
+    "one_shot_sentinel": _skip("one_shot_sentinel", (3,), (1024,), (5,)),
+    "two_shot_ll": _skip("two_shot_ll", (3,), (262148,), (WRAP,)),
+    "two_shot_ll128": _skip("two_shot_ll128", (3,), (262148,), (WRAP,)),
+    "two_shot_ll128_atomic": _skip("two_shot_ll128_atomic", (3,), (4204,), (100,)),
 }
-MISPAIRED = {f"{a}.{f}": _mispaired(a, f) for a in SIGNED for f in lh.SIGNATURE_FAULTS}
+MISPAIRED = {
+    "one_shot_ll.extra_call": _mispaired("one_shot_ll", "extra_call", 3),
+    "one_shot_ll.swap_signature": _mispaired("one_shot_ll", "swap_signature", 2),
+    "two_shot_ll.extra_call": _mispaired("two_shot_ll", "extra_call", 2),
+    "one_shot_ll128.swap_signature": _mispaired("one_shot_ll128", "swap_signature", 3),
+    "two_shot_ll128.extra_call": _mispaired("two_shot_ll128", "extra_call", 3),
+}
 
 
 def _run_all(specs):
-  """Every case of every spec, each in its child, JOBS at once; returns
+  """Every case of every spec, each in its child, one at a time; returns
   {name: rows}, rows in case order."""
-  futures = {}
-  with concurrent.futures.ThreadPoolExecutor(max_workers=JOBS) as pool:
-    for name, (s, fault) in specs.items():
-      assert not lh.validate(s), (name, lh.validate(s))
-      futures[name] = []
-      for case, reason in lh.cases(s):
-        assert reason is None, (name, case, reason)
-        futures[name].append(pool.submit(functools.partial(lh.run_fault_case, s, case,
-                                                           **fault)))
-  return {name: [f.result() for f in fs] for name, fs in futures.items()}
+  out = {}
+  for name, (s, fault) in specs.items():
+    assert not lh.validate(s), (name, lh.validate(s))
+    out[name] = []
+    for case, reason in lh.cases(s):
+      assert reason is None, (name, case, reason)
+      out[name].append(lh.run_fault_case(s, case, **fault))
+  return out
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def test_a_rank_left_out_ends_in_the_bounded_wait_error(skipped, name):
 def test_a_mispaired_call_ends_in_the_foreign_signature_error(mispaired, name):
   rows = mispaired[name]
   _, fault = MISPAIRED[name]
-  assert [r["status"] for r in rows] == ["pass", "pass"], _lines(rows)
+  assert [r["status"] for r in rows] == ["pass"], _lines(rows)
   for row in rows:
     assert row["fault"] == fault["fault"] and row["cuda_error"], row
     assert row["records"] and all(r["code"] == lh.FOREIGN_SIGNATURE for r in row["records"])
