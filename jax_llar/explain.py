@@ -26,6 +26,8 @@ PSUM_PRIMITIVES = frozenset({
     "psum", "psum2", "psum_invariant", "psum_invariant_start", "unreduced_psum",
     "llar_psum_add_rms_norm",
 })
+# Primitives that only jax_llar binds: always its decision, whoever asked.
+OWN_PRIMITIVES = {"llar_psum_add_rms_norm": "psum_add_rms_norm"}
 
 # A loop whose trip executes at least this many psums (a scan unrolled this
 # far, or a body doing this many steps) is treated as unrolled enough: the
@@ -66,8 +68,9 @@ class Finding:
     where: the psum's source line as JAX recorded it ("" when unknown).
     advice: what to do, pointing to the README section.
     requested: who asked for jax_llar's fast path for this psum
-      (``"psum"``, ``"swap"``, ``"install"``; ``jax_llar.swap.requested``),
-      or None: the psum is JAX's.
+      (``"psum"``, ``"swap"``, ``"install"``; ``jax_llar.swap.requested``;
+      ``"psum_add_rms_norm"`` for the fused op, which jax_llar always
+      decides), or None: the psum is JAX's.
   """
   primitive: str
   loop: str
@@ -194,7 +197,7 @@ def _walk(jaxpr, loops: tuple[_Loop, ...], in_predicate: bool,
         out.append(Finding(name, loop.kind, loop.trip_count, loop.unroll,
                            loop.body_equations, loop.psums_per_trip, in_predicate,
                            len(loops), _where(eqn), _advice(loop, in_predicate),
-                           swap.requested(eqn.ctx)))
+                           OWN_PRIMITIVES.get(name) or swap.requested(eqn.ctx)))
       continue
     if name == "scan":
       body = next(_sub_jaxprs(eqn.params["jaxpr"]))

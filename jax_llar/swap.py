@@ -33,6 +33,7 @@ the fast path (the innermost mark wins).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 from typing import Any
@@ -123,12 +124,20 @@ class swap_psum(contextlib.ContextDecorator):
   decides which psum runs. Re-entrant and thread-safe (the mark is JAX's
   thread-local metadata context).
 
+  The region belongs to a thread, not to an asyncio task: while a block is
+  open across an ``await``, psums that other tasks of the same thread trace
+  are marked too. Keep awaits out of the block (trace, then await). A block
+  must end in the thread and task that entered it; ending it elsewhere
+  raises RuntimeError (after ending the mark).
+
   Args:
     enabled: True (default) marks the psums for jax_llar; False marks them
       to stay JAX's, also when ``install()`` is active.
 
   Raises:
     TypeError: `enabled` is not a bool.
+    RuntimeError: the block ends in another thread or asyncio task than the
+      one that entered it.
 
   Example::
 
@@ -161,13 +170,37 @@ class swap_psum(contextlib.ContextDecorator):
     stack = getattr(self._local, "stack", None)
     if stack is None:
       stack = self._local.stack = []
-    stack.append(cm)
+    stack.append((cm, _current_task()))
     return self
 
   def __exit__(self, *exc):
-    """Ends this block's mark; exceptions pass through."""
-    self._local.stack.pop().__exit__(*exc)
+    """Ends this block's mark; exceptions pass through. RuntimeError when
+    the block was entered in another thread or asyncio task."""
+    stack = getattr(self._local, "stack", None)
+    if not stack:
+      raise RuntimeError("swap_psum: this block was entered in another thread; a block "
+                         "must end in the thread that entered it")
+    cm, task = stack.pop()
+    cm.__exit__(*exc)
+    if task is not _current_task():
+      raise RuntimeError(
+          "swap_psum: this block was entered in asyncio task "
+          f"{_task_name(task)} and ended in {_task_name(_current_task())}; while it "
+          "was open across an await, psums other tasks of this thread traced were "
+          "marked too. Keep awaits out of the block.")
     return False
+
+
+def _current_task():
+  """The running asyncio task, or None outside one."""
+  try:
+    return asyncio.current_task()
+  except RuntimeError:  # no running event loop
+    return None
+
+
+def _task_name(task) -> str:
+  return "(none)" if task is None else repr(task.get_name())
 
 
 def _install_from_environment() -> None:

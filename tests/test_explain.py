@@ -181,3 +181,21 @@ def test_unbound_axis_raises_like_tracing():
   f = jax.jit(lambda v: lax.fori_loop(0, 4, lambda i, c: jax_llar.psum(c, "nope"), v))
   with pytest.raises(NameError):
     jax_llar.explain(f, X)
+
+
+def test_the_fused_op_in_a_rolled_scan_is_named_as_jax_llars():
+  """psum_add_rms_norm is always jax_llar's decision: its finding says so,
+  not "JAX's lowering" (it binds no swap mark)."""
+  w = jnp.ones((8,), jnp.float32)
+
+  def body(x):
+    def step(carry, _):
+      normed, residual = jax_llar.psum_add_rms_norm(carry, carry, w, "x")
+      return normed + residual, None
+    return lax.scan(step, x, None, length=16)[0]
+
+  f = jax.jit(jax.shard_map(body, mesh=_mesh(), in_specs=P("x"), out_specs=P("x"),
+                            check_vma=False))
+  (x,) = jax_llar.explain(f, jax.ShapeDtypeStruct((2, 8), jnp.float32))
+  assert (x.primitive, x.requested) == ("llar_psum_add_rms_norm", "psum_add_rms_norm")
+  assert "[jax_llar (psum_add_rms_norm)]" in str(x) and "JAX's lowering" not in str(x)

@@ -357,3 +357,63 @@ def test_unmarked_psum_lowers_exactly_as_jax():
 def test_swap_psum_takes_a_bool_only():
   with pytest.raises(TypeError, match="a bool"):
     jax_llar.swap_psum("off")
+
+
+def test_a_region_open_across_an_await_marks_other_tasks_and_must_end_in_its_task():
+  """The documented limit (swap_psum's docstring): the mark is the thread's,
+  so a task that traces while another task's block is open across an await
+  is marked too; a block that ends in another task raises RuntimeError,
+  after ending the mark."""
+  import asyncio  # pylint: disable=g-import-not-at-top
+  mesh = mesh_of((2,), ("x",))
+  x = _sharded(mesh, random_input(np.random.default_rng(1), (2, 8), np.float32))
+
+  async def main():
+    opened, traced = asyncio.Event(), asyncio.Event()
+
+    async def holder():
+      with jax_llar.swap_psum():
+        opened.set()
+        await traced.wait()  # an await inside the block
+
+    async def other():
+      await opened.wait()
+      f, _ = _counting_step(mesh)
+      f(x)
+      traced.set()
+
+    await asyncio.gather(holder(), other())
+    leaked = list(_log())
+    jax_llar.clear_dispatch_log()
+
+    cm = jax_llar.swap_psum()
+
+    async def enter():
+      cm.__enter__()
+
+    async def leave():
+      cm.__exit__(None, None, None)
+
+    await asyncio.create_task(enter())
+    with pytest.raises(RuntimeError, match="ended in"):
+      await asyncio.create_task(leave())
+    return leaked
+
+  leaked = asyncio.run(main())
+  assert leaked == [SWAP_DECISION]
+  # The mark ended with the refused exit: a fresh trace is JAX's again.
+  f, _ = _counting_step(mesh)
+  f(x)
+  assert _log() == []
+
+
+def test_a_region_ended_in_another_thread_raises():
+  cm = jax_llar.swap_psum()
+  cm.__enter__()
+  errors = []
+  t = threading.Thread(target=lambda: errors.append(
+      pytest.raises(RuntimeError, cm.__exit__, None, None, None)))
+  t.start()
+  t.join()
+  assert errors and "another thread" in str(errors[0].value)
+  cm.__exit__(None, None, None)  # ends it in its own thread
