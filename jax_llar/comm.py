@@ -85,9 +85,9 @@ class CommSet:
           mod.ensure_region(self.comm_id, int(algorithm))
         else:  # collective over processes: agree before registering
           mod.ensure_region(self.comm_id, int(algorithm), self.agreement(algorithm))
-      except RuntimeError as e:
-        _region_failures[(self.comm_id, int(algorithm))] = str(e)
-        raise CommError(str(e)) from None
+      except Exception as e:  # RuntimeError, or anything else (remembered alike)
+        _region_failures[(self.comm_id, int(algorithm))] = _why(e)
+        raise CommError(_why(e)) from None
 
   def _regions(self) -> tuple[int, ...]:
     mod = _ext.loaded()
@@ -104,6 +104,17 @@ class CommSet:
     those kept by a set that was given up included: never freed)."""
     mod = _ext.loaded()
     return int(mod.scratch_bytes(self.comm_id)) if mod else 0
+
+
+def _why(e: Exception) -> str:
+  """The message of a failed native call: the extension's own text for its
+  RuntimeError, else the exception's type and its first line (nanobind's
+  TypeError for an argument the C++ parameter cannot hold lists the
+  signatures below it)."""
+  if type(e) is RuntimeError:  # pylint: disable=unidiomatic-typecheck
+    return str(e)
+  text = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {text[0] if text else '(no message)'}"
 
 
 _lock = threading.Lock()
@@ -138,8 +149,8 @@ def get_or_create(groups: Sequence[Sequence[int]]) -> CommSet:
     try:
       comm_id = mod.create_comm_set([list(g) for g in key],
                                     int(settings.timeout_ms) * 1_000_000)
-    except RuntimeError as e:
-      err = CommError(str(e))
+    except Exception as e:  # RuntimeError, or anything else: remembered alike
+      err = CommError(_why(e))
       _sets[key] = err
       raise err from None
     cs = CommSet(comm_id=comm_id, key=int(mod.comm_key(comm_id)), groups=key,

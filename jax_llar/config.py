@@ -46,15 +46,30 @@ Environment variables:
                             fast-path call then carries signature 0, so a
                             mispaired call of a signed algorithm is no longer
                             detected (``jax_llar.signature``).
+
+One rule for every value, from the environment and from Python alike:
+surrounding whitespace is removed (``str.strip``), and a value that is empty
+then (whitespace only) means unset, i.e. the setting's default. Integers are
+decimal ASCII digits (``0``-``9``: no sign, no ``_``, no other script's
+digits). A value the checks refuse raises ValueError; from the environment
+its message starts with ``ENV_PREFIX`` (``"jax_llar settings from the
+environment: "``) and names the variable. The numeric settings are bounded
+by what the native side accepts (`NATIVE_PARAMETERS`): ``timeout_ms`` in
+1 .. `TIMEOUT_MS_MAX`. Assigning an attribute that is no setting raises
+AttributeError naming the settings.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import numbers
 import os
+import re
+from typing import Any
 
 import jax
+import numpy as np
 
 from jax_llar.algorithms import LARGEST_MAX_BYTES, Algorithm
 
@@ -67,35 +82,246 @@ DEFAULT_MAX_BYTES = MAX_BYTES_CAP
 # The default of tuning_dir (``~`` is expanded where the directory is read).
 DEFAULT_TUNING_DIR = os.path.join("~", ".cache", "jax_llar", "tuning")
 
+# --- what the native side accepts -----------------------------------------------
+
+# The C++ integer types of the parameters below: type -> (least, largest value).
+# nanobind refuses a Python int outside its parameter's range with a TypeError
+# ("incompatible function arguments"), so no setting may reach one.
+CPP_INTEGER_RANGES: dict[str, tuple[int, int]] = {
+    "int": (-2**31, 2**31 - 1),  # 32 bits on every platform jax_llar builds for
+    "uint32_t": (0, 2**32 - 1),
+    "int64_t": (-2**63, 2**63 - 1),
+    "uint64_t": (0, 2**64 - 1),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeParameter:
+  """A C++ parameter (or field) that a numeric setting's value reaches.
+
+  Attributes:
+    setting: the setting (a field of `Settings`).
+    source: the file that declares the parameter (relative to the
+      repository), or the library that does.
+    function: the function (a binding of ``jax_llar._llar`` in
+      ``ffi/src/module.cc``, or a struct) that takes it.
+    parameter: the parameter's name there.
+    ctype: its C++ type, a key of `CPP_INTEGER_RANGES`.
+    scale: what the parameter receives per unit of the setting (the
+      setting's value times `scale`; ``timeout_ms`` reaches ``timeout_ns``
+      times 1_000_000).
+  """
+  setting: str
+  source: str
+  function: str
+  parameter: str
+  ctype: str
+  scale: int = 1
+
+  def setting_range(self) -> tuple[int, int]:
+    """The values of the setting whose `scale` multiple the parameter's type
+    holds: (least, largest)."""
+    lo, hi = CPP_INTEGER_RANGES[self.ctype]
+    return -(-lo // self.scale), hi // self.scale
+
+
+# Every native parameter a numeric setting reaches; `native_range` is the
+# intersection of their ranges per setting, and the settings accept no value
+# outside it (tests/test_settings_bounds.py checks the types against the C++).
+NATIVE_PARAMETERS: tuple[NativeParameter, ...] = (
+    # module.cc: create_comm_set(const std::vector<std::vector<int>>& groups,
+    #   uint64_t timeout_ns) -> registry.h: CreateCommSet(..., uint64_t timeout_ns);
+    # jax_llar.comm.get_or_create passes timeout_ms * 1_000_000.
+    NativeParameter("timeout_ms", "ffi/src/module.cc", "create_comm_set", "timeout_ns",
+                    "uint64_t", 1_000_000),
+    # module.cc: create_comm_set_of_ranks(groups, uint64_t timeout_ns,
+    #   uint64_t setup_timeout_ms) -> registry.h: CreateCommSetOfRanks; from
+    # jax_llar.distributed.create: timeout_ms * 1_000_000, and
+    # bootstrap_timeout_ms() = max(60_000, 2 * timeout_ms).
+    NativeParameter("timeout_ms", "ffi/src/module.cc", "create_comm_set_of_ranks",
+                    "timeout_ns", "uint64_t", 1_000_000),
+    NativeParameter("timeout_ms", "ffi/src/module.cc", "create_comm_set_of_ranks",
+                    "setup_timeout_ms", "uint64_t", 2),
+    # jaxlib: DistributedRuntimeClient.blocking_key_value_get(key,
+    #   int64_t timeout_in_ms), with bootstrap_timeout_ms() (jax_llar.distributed).
+    NativeParameter("timeout_ms", "jaxlib", "blocking_key_value_get", "timeout_in_ms",
+                    "int64_t", 2),
+    # args.h: AllReduceArgs::n_bytes (uint32_t), the payload per rank
+    # (handlers.cc casts it after checking it against the algorithm's
+    # AlgorithmEntry::max_bytes, a std::size_t); max_bytes bounds that payload.
+    NativeParameter("max_bytes", "ffi/include/llar/args.h", "AllReduceArgs", "n_bytes",
+                    "uint32_t", 1),
+)
+
+
+def native_range(setting: str) -> tuple[int, int]:
+  """(least, largest) value of the numeric `setting` that every native
+  parameter it reaches (`NATIVE_PARAMETERS`) holds.
+
+  Raises:
+    KeyError: no native parameter is listed for `setting`.
+  """
+  ranges = [p.setting_range() for p in NATIVE_PARAMETERS if p.setting == setting]
+  if not ranges:
+    raise KeyError(setting)
+  return max(lo for lo, _ in ranges), min(hi for _, hi in ranges)
+
+
+# The largest timeout_ms, (2**64 - 1) // 1_000_000 = 18446744073709 (about 584
+# years): its nanoseconds must fit create_comm_set's uint64_t timeout_ns.
+TIMEOUT_MS_MAX = native_range("timeout_ms")[1]
+
+# What the settings accept, per numeric setting: (least, largest), each
+# within `native_range` (checked below, at import).
+_NUMERIC = {"timeout_ms": (1, TIMEOUT_MS_MAX), "max_bytes": (0, MAX_BYTES_CAP)}
+for _name, (_lo, _hi) in _NUMERIC.items():
+  _nlo, _nhi = native_range(_name)
+  if not _nlo <= _lo <= _hi <= _nhi:
+    raise ImportError(f"jax_llar.config: {_name} accepts {_lo}..{_hi}, outside "
+                      f"{_nlo}..{_nhi}, what the native side takes")
+del _name, _lo, _hi, _nlo, _nhi
+
+_UNITS = {"timeout_ms": "milliseconds", "max_bytes": "bytes per rank"}
+_BOOLEAN = ("disabled", "signatures")
+_PATHS = ("tuning_file", "tuning_dir")
+# The string settings and the value an empty one means (its default).
+_TEXT_DEFAULTS = {"algorithm": "auto", "tuning_file": "", "tuning_dir": DEFAULT_TUNING_DIR}
+
+# --- the environment ----------------------------------------------------------------
+
+# How every error about an environment variable starts.
+ENV_PREFIX = "jax_llar settings from the environment: "
+
+# Setting -> its environment variable.
+_VARIABLES = {
+    "disabled": "JAX_LLAR_DISABLE",
+    "timeout_ms": "JAX_LLAR_TIMEOUT_MS",
+    "max_bytes": "JAX_LLAR_MAX_BYTES",
+    "algorithm": "JAX_LLAR_ALGORITHM",
+    "tuning_file": "JAX_LLAR_TUNING_FILE",
+    "tuning_dir": "JAX_LLAR_TUNING_DIR",
+    "signatures": "JAX_LLAR_SIGNATURES",
+}
 
 _TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
+_FALSE = ("0", "false", "no", "off")
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _shown(raw: str, limit: int = 60) -> str:
+  """`raw` for a message: its repr, cut to about `limit` characters."""
+  return repr(raw) if len(raw) <= limit else repr(raw[:limit]) + f"... ({len(raw)} characters)"
+
+
+def _env_value(name: str) -> tuple[str, str] | None:
+  """(raw, stripped) value of the variable `name`; None when it is unset or
+  whitespace only (both mean unset)."""
+  raw = os.environ.get(name)
+  if raw is None or not raw.strip():
+    return None
+  return raw, raw.strip()
+
+
+def _parse_bool(raw: str, text: str) -> bool:
+  low = text.lower() if text.isascii() else text
+  if low in _TRUE:
+    return True
+  if low in _FALSE:
+    return False
+  raise ValueError(f"must be one of {', '.join(_TRUE + _FALSE)} (or empty), "
+                   f"got {_shown(raw)}")
 
 
 def env_bool(name: str, default: bool = False) -> bool:
-  """The boolean environment variable `name` (unset or empty: `default`).
+  """The boolean environment variable `name` (unset, empty or whitespace
+  only: `default`); 1/true/yes/on or 0/false/no/off, any case, surrounding
+  whitespace ignored.
 
   Raises:
-    ValueError: a value other than 1/true/yes/on, 0/false/no/off or empty.
+    ValueError: any other value; the message starts with `ENV_PREFIX` and
+      names the variable.
   """
-  raw = os.environ.get(name, "").strip().lower()
-  if raw == "":
-    return default
-  if raw in _TRUE:
-    return True
-  if raw in _FALSE:
-    return False
-  raise ValueError(f"{name} must be one of {_TRUE + _FALSE[1:]}, got {raw!r}")
-
-
-def _env_int(name: str, default: int) -> int:
-  raw = os.environ.get(name)
-  if raw is None or raw == "":
+  found = _env_value(name)
+  if found is None:
     return default
   try:
-    return int(raw)
+    return _parse_bool(*found)
   except ValueError as e:
-    raise ValueError(f"{name} must be an integer, got {raw!r}") from e
+    raise ValueError(f"{ENV_PREFIX}{name}: {e}") from None
+
+
+def _parse_int(setting: str, raw: str, text: str) -> int:
+  """The integer of `text` (ASCII digits) for `setting`; max_bytes above
+  the cap is clipped to it, anything else out of range refused."""
+  lo, hi = _NUMERIC[setting]
+  if not _DIGITS.fullmatch(text):
+    raise ValueError(f"must be a decimal integer (ASCII digits 0-9), got {_shown(raw)}")
+  digits = text.lstrip("0") or "0"
+  # No int() of an arbitrarily long string: more digits than the bound has
+  # is above it.
+  value = int(digits) if len(digits) <= len(str(hi)) else hi + 1
+  if value > hi and setting == "max_bytes":
+    return hi  # documented: clipped to the cap
+  if not lo <= value <= hi:
+    raise ValueError(_range_problem(setting, _shown(raw)))
+  return value
+
+
+def _range_problem(name: str, shown: str) -> str:
+  lo, hi = _NUMERIC[name]
+  why = ""
+  if name == "timeout_ms":
+    why = "; the native side takes it in nanoseconds, as a uint64_t"
+  return f"{name} must be an int in {lo}..{hi} ({_UNITS[name]}{why}), got {shown}"
+
+
+# --- the checks ---------------------------------------------------------------------
+
+
+def _unknown(name: str) -> AttributeError:
+  known = [f.name for f in dataclasses.fields(Settings)]
+  close = difflib.get_close_matches(name, known, n=1)
+  hint = f" (did you mean {close[0]!r}?)" if close else ""
+  return AttributeError(f"jax_llar settings have no setting {name!r}{hint}; the "
+                        f"settings are: {', '.join(known)}")
+
+
+def _checked(name: str, value: Any) -> Any:
+  """`value` as setting `name` holds it.
+
+  Raises:
+    AttributeError: `name` is no setting.
+    ValueError: a value of the wrong kind or out of range.
+  """
+  if name in _NUMERIC:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+      raise ValueError(f"{name} must be an int, got {value!r}")
+    value = int(value)
+    lo, hi = _NUMERIC[name]
+    if not lo <= value <= hi:
+      raise ValueError(_range_problem(name, repr(value)))
+    return value
+  if name in _BOOLEAN:
+    if isinstance(value, (bool, np.bool_)):
+      return bool(value)
+    if isinstance(value, numbers.Integral) and int(value) in (0, 1):
+      return bool(value)
+    raise ValueError(f"{name} must be a bool, got {value!r}")
+  if name in _TEXT_DEFAULTS:
+    if name in _PATHS and isinstance(value, os.PathLike):
+      value = os.fspath(value)
+    if not isinstance(value, str):
+      kind = "a path (str)" if name in _PATHS else "a str"
+      raise ValueError(f"{name} must be {kind}, got {value!r}")
+    if "\0" in value:
+      raise ValueError(f"{name} must not contain a NUL character, got {_shown(value)}")
+    value = value.strip() or _TEXT_DEFAULTS[name]  # whitespace only: unset
+    if name == "algorithm":
+      names = ["auto"] + [a.short_name for a in Algorithm]
+      if value not in names:
+        raise ValueError(f"algorithm must be one of {names}, got {value!r}")
+    return value
+  raise _unknown(name)
 
 
 @dataclasses.dataclass
@@ -104,9 +330,9 @@ class Settings:
 
   Attributes:
     disabled: True: every psum lowers to lax.psum.
-    timeout_ms: bound on every device-side wait, milliseconds (> 0); applies
-      to communicator sets created afterwards (a set is created once per
-      device layout and kept).
+    timeout_ms: bound on every device-side wait, milliseconds, 1 ..
+      `TIMEOUT_MS_MAX`; applies to communicator sets created afterwards (a
+      set is created once per device layout and kept).
     max_bytes: largest per-rank payload in bytes for the fast path,
       0 .. MAX_BYTES_CAP, default DEFAULT_MAX_BYTES (0 sends every psum to
       lax.psum).
@@ -120,8 +346,15 @@ class Settings:
       signed algorithm ends in an error, never in a wrong sum; False: every
       call carries 0.
 
+  String values are stripped of surrounding whitespace, and an empty one
+  means the setting's default ("auto", "" and DEFAULT_TUNING_DIR), as from
+  the environment. A bool setting takes a bool (or 0 or 1).
+
   Raises:
-    ValueError: on assignment of an out-of-range value.
+    ValueError: on assignment of a value of the wrong kind or out of range.
+    AttributeError: on assignment (or reading, or deletion) of an attribute
+      that is no setting; the message names the settings and the closest
+      match.
   """
   disabled: bool = False
   timeout_ms: int = 30_000
@@ -132,32 +365,21 @@ class Settings:
   signatures: bool = True
 
   def __setattr__(self, name, value):
-    if name == "algorithm":
-      names = ["auto"] + [a.short_name for a in Algorithm]
-      if value not in names:
-        raise ValueError(f"algorithm must be one of {names}, got {value!r}")
-    if name in ("timeout_ms", "max_bytes"):
-      if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-        raise ValueError(f"{name} must be an int, got {value!r}")
-      value = int(value)
-    if name == "timeout_ms" and value <= 0:
-      raise ValueError(f"timeout_ms must be a positive int (milliseconds), got {value!r}")
-    if name == "max_bytes" and not 0 <= value <= MAX_BYTES_CAP:
-      raise ValueError(f"max_bytes must be an int in 0..{MAX_BYTES_CAP}, got {value!r}")
-    if name in ("tuning_file", "tuning_dir"):
-      if not isinstance(value, (str, os.PathLike)):
-        raise ValueError(f"{name} must be a path (str), got {value!r}")
-      value = os.fspath(value)
-    if name == "tuning_dir" and not value:
-      raise ValueError("tuning_dir must not be empty")
-    if name in ("disabled", "signatures"):
-      if not isinstance(value, (bool, numbers.Integral)):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
-      value = bool(value)
-    super().__setattr__(name, value)
+    super().__setattr__(name, _checked(name, value))
     # Every change is part of jit's cache keys: programs lowered before it
     # are lowered again on their next call.
     _generation.set_global(_generation.get_global() + 1)
+
+  def __getattr__(self, name):
+    # Only for attributes that are not found: no setting has that name.
+    if name.startswith("__"):
+      raise AttributeError(name)
+    raise _unknown(name)
+
+  def __delattr__(self, name):
+    if name not in _VARIABLES:
+      raise _unknown(name)
+    raise AttributeError(f"jax_llar setting {name!r} cannot be deleted: assign it a value")
 
   def forced(self) -> Algorithm | None:
     """The algorithm `algorithm` names, or None for "auto"."""
@@ -172,20 +394,30 @@ _generation = jax.make_user_context(default_value=0)
 
 
 def _from_env() -> Settings:
-  try:
-    return Settings(
-        disabled=env_bool("JAX_LLAR_DISABLE"),
-        timeout_ms=_env_int("JAX_LLAR_TIMEOUT_MS", 30_000),
-        max_bytes=min(_env_int("JAX_LLAR_MAX_BYTES", DEFAULT_MAX_BYTES),
-                      MAX_BYTES_CAP),
-        algorithm=os.environ.get("JAX_LLAR_ALGORITHM", "").strip() or "auto",
-        tuning_file=os.environ.get("JAX_LLAR_TUNING_FILE", "").strip(),
-        tuning_dir=(os.environ.get("JAX_LLAR_TUNING_DIR", "").strip()
-                    or DEFAULT_TUNING_DIR),
-        signatures=env_bool("JAX_LLAR_SIGNATURES", default=True),
-    )
-  except ValueError as e:
-    raise ValueError(f"jax_llar settings from the environment: {e}") from None
+  """The settings the JAX_LLAR_* variables give (the defaults for those
+  unset or whitespace only).
+
+  Raises:
+    ValueError: a value the checks refuse; the message starts with
+      `ENV_PREFIX` and names the variable.
+  """
+  s = Settings()
+  for name, var in _VARIABLES.items():
+    found = _env_value(var)
+    if found is None:
+      continue
+    raw, text = found
+    try:
+      if name in _BOOLEAN:
+        value: Any = _parse_bool(raw, text)
+      elif name in _NUMERIC:
+        value = _parse_int(name, raw, text)
+      else:
+        value = text
+      setattr(s, name, value)
+    except ValueError as e:
+      raise ValueError(f"{ENV_PREFIX}{var}: {e}") from None
+  return s
 
 
 # The process's settings (a `Settings`), read from the JAX_LLAR_* environment

@@ -245,7 +245,9 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
     The recorded Decision. A refusal has been logged once per (reason,
     detail). On the fast path the communicator set exists (created here the
     first time its groups are seen). Never raises for an unsupported psum:
-    every refusal becomes a lax.psum decision.
+    every refusal becomes a lax.psum decision, and so does any failure of
+    creating the communicator set or its scratch (reason "communicator",
+    the error in the detail).
 
   Raises:
     jax_llar.tuning.TuningTableError: the tuning table for the devices and
@@ -319,6 +321,12 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
       cs.ensure(candidate)
     except comm.CommError as e:
       refusal = ("communicator", str(e))
+    except Exception as e:  # pylint: disable=broad-except
+      # Any other failure of creating the set or its scratch is a fallback
+      # too, never a failed lowering: lax.psum, with the reason logged.
+      text = str(e).strip().splitlines()
+      refusal = ("communicator", "creating the communicator set failed: "
+                 f"{type(e).__name__}: {text[0] if text else '(no message)'}")
   if refusal is not None:
     reason, detail = refusal
     return record(reason, detail + _on_nvlink_gpus(candidate, op),

@@ -57,12 +57,14 @@ import json
 import math
 import os
 import pathlib
+import re
+import stat
 import threading
 from typing import Any, Iterable, Mapping, Sequence
 
 from jax_llar import policy
-from jax_llar.algorithms import (MAX_BYTES, NEEDS_STORE_ATOMICITY, NON_DETERMINISTIC, SIGNED,
-                                 Algorithm)
+from jax_llar.algorithms import (MAX_BYTES, MAX_RANKS, NEEDS_STORE_ATOMICITY, NON_DETERMINISTIC,
+                                 SIGNED, Algorithm)
 from jax_llar.config import settings
 
 # The format tag of a tuning table file (its "format" key); `load` refuses
@@ -96,6 +98,17 @@ RULE = ("per size: the jax_llar algorithms whose rows are bitwise correct and "
         "payload between two measured sizes takes the larger size's choice, "
         "payloads below the smallest measured size the first row's, payloads "
         "above the largest lax.psum.")
+
+
+# The deepest nesting of JSON arrays and objects that the readers of tables
+# and result files take (a table nests 5 deep, a result file about as
+# much). Checked by a scan that does not recurse, before json.loads, whose
+# parser recurses once per level (200 thousand `[` would raise RecursionError).
+MAX_JSON_DEPTH = 64
+
+# A JSON string (or the rest of the text, for an unterminated one), or a
+# bracket outside strings.
+_JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\[\s\S][^"\\]*)*(?:"|\\?\Z)|[\[\]{}]')
 
 
 class TuningTableError(ValueError):
@@ -137,6 +150,112 @@ def architecture_of(device) -> str | None:
 def _fail(source, problem: str, hint: str = "") -> TuningTableError:
   return TuningTableError(f"jax_llar tuning table {source}: {problem}"
                           + (f" ({hint})" if hint else ""))
+
+
+class _Unreadable(ValueError):
+  """A file that `_read_json` cannot give: the message says why, to follow
+  the file's path ("is a directory, not a file")."""
+
+
+def _kind(mode: int) -> str:
+  """What a file that is no regular file is, for a message."""
+  if stat.S_ISDIR(mode):
+    return "is a directory, not a file"
+  for test, name in ((stat.S_ISFIFO, "a FIFO, a named pipe"), (stat.S_ISSOCK, "a socket"),
+                     (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+    if test(mode):
+      return f"is not a regular file ({name})"
+  return "is not a regular file"
+
+
+def _file_problem(path: str) -> str | None:
+  """Why `path` is no regular file that can be read, from ``os.stat`` alone
+  (nothing is opened, so a FIFO cannot block); None when it is one."""
+  try:
+    st = os.stat(path)
+  except FileNotFoundError:
+    return "does not exist"
+  except NotADirectoryError:
+    return "does not exist (a part of its path is not a directory)"
+  except (OSError, ValueError) as e:
+    return f"cannot be read: {getattr(e, 'strerror', None) or e}"
+  return None if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+
+
+def _too_deep(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
+  """Whether the arrays and objects of the JSON `text` nest deeper than
+  `limit`; a loop over its brackets outside strings, never a recursion."""
+  depth = 0
+  for m in _JSON_TOKENS.finditer(text):
+    c = m.group()
+    if c in "[{":
+      depth += 1
+      if depth > limit:
+        return True
+    elif c in "]}":
+      depth -= 1
+  return False
+
+
+def _read_json(path: str) -> tuple[Any, bytes]:
+  """(the parsed JSON, the file's bytes) of the regular file `path`.
+
+  Never blocks on a FIFO or a device: the path is checked with ``os.stat``
+  first, opened non-blocking, and checked again on the open file. Never
+  recurses deeply: nesting beyond `MAX_JSON_DEPTH` is refused before
+  parsing.
+
+  Raises:
+    _Unreadable: missing, a directory or another file that is not regular,
+      unreadable, not UTF-8 JSON, or nested too deeply.
+  """
+  problem = _file_problem(path)
+  if problem is not None:
+    raise _Unreadable(problem)
+  flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+  try:
+    fd = os.open(path, flags)
+  except OSError as e:
+    raise _Unreadable(f"cannot be read: {e.strerror or e}") from None
+  try:
+    with os.fdopen(fd, "rb") as f:
+      mode = os.fstat(f.fileno()).st_mode
+      if not stat.S_ISREG(mode):  # replaced since the check above
+        raise _Unreadable(_kind(mode))
+      raw = f.read()
+  except OSError as e:
+    raise _Unreadable(f"cannot be read: {e.strerror or e}") from None
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise _Unreadable(f"is not JSON: not UTF-8 ({e})") from None
+  deep = (f"is not JSON that jax_llar reads: its arrays and objects nest deeper "
+          f"than {MAX_JSON_DEPTH} levels")
+  if _too_deep(text):
+    raise _Unreadable(deep)
+  try:
+    return json.loads(text), raw
+  except RecursionError:  # not reached within the bound; kept as a guard
+    raise _Unreadable(deep) from None
+  except ValueError as e:
+    raise _Unreadable(f"is not JSON: {e}") from None
+
+
+def _short(value: Any, limit: int = 40) -> str:
+  """`value`'s repr for a message, cut to about `limit` characters."""
+  text = repr(value)
+  return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _json_kind(value: Any) -> str:
+  """What a JSON value is, for a message."""
+  if value is None:
+    return "null"
+  for kind, name in ((bool, "a boolean"), (dict, "an object"), (list, "an array"),
+                     (str, "a string"), ((int, float), "a number")):
+    if isinstance(value, kind):
+      return name
+  return type(value).__name__
 
 
 def from_dict(data: Any, source: str = "") -> policy.TuningTable:
@@ -234,9 +353,11 @@ def load(path, *, hint: str = "") -> policy.TuningTable:
     (``os.fspath(path)``), ``provenance`` the file's.
 
   Raises:
-    TuningTableError: the file cannot be read (missing, a directory, no
-      permission), is not JSON, or breaks the format (`from_dict`); the
-      message starts ``"jax_llar tuning table <path>: "``.
+    TuningTableError: the file cannot be read (missing, a directory or
+      another file that is not regular, such as a FIFO, which is never
+      opened; no permission), is not UTF-8 JSON, nests arrays and objects
+      deeper than `MAX_JSON_DEPTH`, or breaks the format (`from_dict`); the
+      message starts ``"jax_llar tuning table <path>: "`` and says which.
 
   Example::
 
@@ -246,12 +367,9 @@ def load(path, *, hint: str = "") -> policy.TuningTable:
   """
   path = os.fspath(path)
   try:
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
-  except OSError as e:
-    raise _fail(path, f"cannot be read: {e.strerror or e}", hint) from None
-  except ValueError as e:
-    raise _fail(path, f"is not JSON: {e}", hint) from None
+    data, _ = _read_json(path)
+  except _Unreadable as e:
+    raise _fail(path, str(e), hint) from None
   try:
     return from_dict(data, path)
   except TuningTableError as e:
@@ -356,7 +474,13 @@ _seen: dict[tuple[str | None, int], Lookup] = {}
 
 def _read(path: str, hint: str = "") -> policy.TuningTable:
   """`load`, cached while the file's mtime and size stay the same."""
-  st = os.stat(path)
+  problem = _file_problem(path)
+  if problem is not None:
+    raise _fail(path, problem, hint)
+  try:
+    st = os.stat(path)
+  except OSError as e:  # gone since
+    raise _fail(path, f"cannot be read: {e.strerror or e}", hint) from None
   key = (st.st_mtime_ns, st.st_size)
   with _lock:
     hit = _files.get(path)
@@ -373,9 +497,7 @@ def _lookup(architecture: str | None, ranks: int) -> Lookup:
   if forced:
     path = os.path.abspath(os.path.expanduser(forced))
     hint = "JAX_LLAR_TUNING_FILE / settings.tuning_file names it"
-    if not os.path.isfile(path):
-      raise _fail(path, "does not exist", hint)
-    table = _read(path, hint)  # read for every pair: a broken file fails early
+    table = _read(path, hint)  # missing, a directory, a FIFO...: says which  # read for every pair: a broken file fails early
     if (table.architecture, table.ranks) == (architecture, ranks):
       return Lookup(architecture, ranks, table, "file", path)
   if architecture is None:
@@ -388,8 +510,12 @@ def _lookup(architecture: str | None, ranks: int) -> Lookup:
        "python -m jax_llar.tools.tune"),
       ("shipped", str(SHIPPED_DIR), "shipped with jax_llar: reinstall it")):
     path = os.path.abspath(os.path.join(directory, name))
-    if not os.path.isfile(path):
+    try:
+      mode = os.stat(path).st_mode
+    except (OSError, ValueError):  # none there (or the directory unreadable)
       continue
+    if not stat.S_ISREG(mode):  # a directory or a FIFO of the table's name
+      raise _fail(path, _kind(mode), hint)
     table = _read(path, hint)
     if (table.architecture, table.ranks) != (architecture, ranks):
       raise _fail(path, f"holds the table for {table.label}, but its name is for "
@@ -424,11 +550,13 @@ def lookup(architecture: str | None, ranks: int) -> Lookup:
     ``note`` why there is none.
 
   Raises:
-    TuningTableError: settings.tuning_file names a missing or broken file
-      (checked whatever the pair), or the file for the pair in the tuning
-      directory or among the shipped tables is broken or holds another
-      pair's table (its name says one pair, its content another). The
-      message names the file and the setting or directory to fix.
+    TuningTableError: settings.tuning_file names a missing or broken file,
+      or a directory or another file that is not regular (checked whatever
+      the pair; never opened), or the file for the pair in the tuning
+      directory or among the shipped tables is broken, not a regular file,
+      or holds another pair's table (its name says one pair, its content
+      another). The message names the file and the setting or directory to
+      fix.
 
   Example::
 
@@ -514,9 +642,69 @@ def clear_cache() -> None:
 # --- building tables from measurements -----------------------------------------
 
 
-def _sha256(path: str) -> str:
-  with open(path, "rb") as f:
-    return hashlib.sha256(f.read()).hexdigest()
+def _read_results(path: str) -> tuple[dict[str, Any], str]:
+  """(the JSON object, its SHA-256) of the result file `path`.
+
+  Raises:
+    TuningBuildError: `_read_json`'s problems, or not a JSON object.
+  """
+  try:
+    data, raw = _read_json(os.fspath(path))
+  except _Unreadable as e:
+    raise TuningBuildError(f"{path}: {e}") from None
+  if not isinstance(data, dict):
+    raise TuningBuildError(f"{path}: is not a result file: a JSON object, got "
+                           f"{_json_kind(data)}")
+  return data, hashlib.sha256(raw).hexdigest()
+
+
+def read_results(path) -> dict[str, Any]:
+  """The JSON object of a result file (a JAX-level or tune result, a
+  store-atomicity record), read as the table files are: a FIFO or a device
+  is never opened, and nesting beyond `MAX_JSON_DEPTH` is refused before
+  parsing.
+
+  Raises:
+    TuningBuildError: the file is missing, a directory or another file that
+      is not regular, unreadable, not UTF-8 JSON, nested too deeply, or not
+      a JSON object; the message starts with the path.
+  """
+  return _read_results(path)[0]
+
+
+def _member(result: Mapping[str, Any], key: str, kind: type, path: str,
+            where: str = "") -> Any:
+  """`result[key]`: an empty `kind` when absent or null, else it must be a
+  `kind` (a JSON object or array)."""
+  value = result.get(key)
+  if value is None:
+    return kind()
+  if not isinstance(value, kind):
+    name = "a JSON object" if kind is dict else "a JSON array"
+    raise TuningBuildError(f"{path}: {where}{key} must be {name}, got {_json_kind(value)}")
+  return value
+
+
+def _checked_results(result: dict[str, Any], path: str) -> dict[str, Any]:
+  """`result` once the members build_tables reads have their JSON types:
+  ``env`` an object (its ``devices`` and ``compute_capabilities`` arrays),
+  ``rows`` an array of objects, ``architecture`` a string."""
+  env = _member(result, "env", dict, path)
+  for key in ("devices", "compute_capabilities"):
+    _member(env, key, list, path, "env.")
+  rows = _member(result, "rows", list, path)
+  for i, row in enumerate(rows):
+    if not isinstance(row, dict):
+      raise TuningBuildError(f"{path}: row {i + 1} must be a JSON object, got "
+                             f"{_json_kind(row)}")
+  arch = result.get("architecture")
+  if arch and not isinstance(arch, str):
+    raise TuningBuildError(f"{path}: architecture must be a string, got {_json_kind(arch)}")
+  return result
+
+
+def _positive_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _nccl(code) -> str | None:
@@ -599,22 +787,26 @@ def store_atomicity_validation(paths: Sequence[str]) -> str | None:
   every record passed: complete, no torn line, no bad word.
 
   Raises:
-    OSError, ValueError: a file cannot be read or is not JSON.
+    TuningBuildError: a file cannot be read, is not JSON or not a JSON
+      object (`read_results`).
   """
   if not paths:
     return "no store-atomicity record given"
   directions = set()
   for p in paths:
-    with open(p, encoding="utf-8") as f:
-      r = json.load(f)
+    r = read_results(p)
     if r.get("level") != "store_atomicity":
       return f"{p} is not a store-atomicity record (level {r.get('level')!r})"
     if not (r.get("passed") is True and r.get("complete") is True
             and r.get("torn_lines") == 0 and r.get("bad_words") == 0):
       return f"{p} did not pass (verdict {r.get('verdict')!r})"
     if r.get("over_nvlink") is True:
-      st = r.get("settings") or {}
-      directions.add((st.get("writer_device"), st.get("reader_device")))
+      st = r.get("settings")
+      devices = (st.get("writer_device"), st.get("reader_device")) if isinstance(
+          st, dict) else (None, None)
+      if not all(isinstance(d, int) and not isinstance(d, bool) for d in devices):
+        return f"{p} does not name its writer and reader devices (settings)"
+      directions.add(devices)
   if not directions:
     return "no record ran across two devices (over_nvlink)"
   missing = [(b, a) for a, b in directions if (b, a) not in directions]
@@ -663,18 +855,25 @@ def build_tables(paths: Sequence[str], *, command: str,
     (``from_dict`` accepts each), in increasing ranks.
 
   Raises:
-    TuningBuildError: no usable rows; a used row is not correct (a wrong
-      result is never tuned around: the run must be repeated); a size
-      without a lax.psum row or with a non-positive time; a row measured
-      twice; the architecture unknown or contradicting; margin out of range.
-    OSError, ValueError: a file cannot be read or is not JSON.
+    TuningBuildError: a file cannot be read (`read_results`: missing, a
+      directory or another file that is not regular, not UTF-8 JSON, nested
+      too deeply, not a JSON object), or a member has the wrong JSON type
+      (``env`` not an object, ``rows`` not an array of objects, a row's
+      ``dtype`` not a string, ``bytes_per_rank`` not a positive integer,
+      ``world_size`` not one in 2..MAX_RANKS, ``us_per_call`` not a
+      number); no usable rows; a used row is not correct (a wrong result is
+      never tuned around: the run must be repeated); a size without a
+      lax.psum row or with a non-positive time; a row measured twice; the
+      architecture unknown or contradicting; margin out of range. Nothing
+      else: every message is one line that names the file or the row.
   """
   if not 0 <= margin < 1:
     raise TuningBuildError(f"margin must be in [0, 1), got {margin}")
-  results = []
+  results, digests = [], []
   for p in paths:
-    with open(p, encoding="utf-8") as f:
-      results.append(json.load(f))
+    result, digest = _read_results(p)
+    results.append(_checked_results(result, p))
+    digests.append(digest)
   archs = {a for a in map(_architecture_of_results, results) if a is not None}
   if len(archs) > 1:
     raise TuningBuildError(f"the result files are from several architectures: "
@@ -705,7 +904,10 @@ def build_tables(paths: Sequence[str], *, command: str,
   atomicity = store_atomicity_validation(validated_by)
   for path, result in zip(paths, results):
     for row in result.get("rows") or []:
-      name = _implementation(row)
+      try:
+        name = _implementation(row)
+      except TuningBuildError as e:
+        raise TuningBuildError(f"{path}: {e}") from None
       if name is None:
         continue
       if name != policy.LAX_PSUM and Algorithm.from_short_name(name) in NON_DETERMINISTIC:
@@ -723,6 +925,16 @@ def build_tables(paths: Sequence[str], *, command: str,
                  if k not in row]
       if missing:
         raise TuningBuildError(f"{path}: a {name} row lacks {', '.join(missing)}")
+      for key, ok, what in (
+          ("dtype", isinstance(row["dtype"], str), "a string"),
+          ("bytes_per_rank", _positive_int(row["bytes_per_rank"]), "a positive integer"),
+          ("world_size", _positive_int(row["world_size"])
+           and 2 <= row["world_size"] <= MAX_RANKS, f"an integer in 2..{MAX_RANKS}"),
+          ("us_per_call", isinstance(row["us_per_call"], (int, float))
+           and not isinstance(row["us_per_call"], bool), "a number")):
+        if not ok:
+          raise TuningBuildError(f"{path}: a {name} row's {key} must be {what}, got "
+                                 f"{_json_kind(row[key])} {_short(row[key])}")
       where = (f"{path}: {row['impl']} {row['dtype']} {row['bytes_per_rank']} B "
                f"{row['world_size']} ranks")
       if row.get("correct") is not True:
@@ -796,7 +1008,7 @@ def build_tables(paths: Sequence[str], *, command: str,
     provenance = {
         "command": command,
         "results_files": list(paths),
-        "results_sha256": [_sha256(p) for p in paths],
+        "results_sha256": digests,
         "commit": _joined(e.get("git_commit") for e in envs),
         "date": _joined(e.get("date") for e in envs),
         "gpu": _joined(d for e in envs for d in e.get("devices") or []),
@@ -811,6 +1023,9 @@ def build_tables(paths: Sequence[str], *, command: str,
     }
     table = {"format": FORMAT, "architecture": arch, "ranks": world, "rows": rows,
              "provenance": provenance}
-    from_dict(table, f"(built from {', '.join(paths)})")  # the rules hold
+    try:
+      from_dict(table, f"(built from {', '.join(paths)})")  # the rules hold
+    except TuningTableError as e:
+      raise TuningBuildError(str(e)) from None
     tables.append(table)
   return tables

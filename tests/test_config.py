@@ -45,8 +45,13 @@ def test_disable_flag_parsing(monkeypatch, raw, expect):
                                  {"JAX_LLAR_TIMEOUT_MS": "0"},
                                  {"JAX_LLAR_TIMEOUT_MS": "ten"}])
 def test_bad_environment_is_a_clear_error(monkeypatch, env):
-  with pytest.raises(ValueError, match="jax_llar settings"):
+  ((var, raw),) = env.items()
+  with pytest.raises(ValueError) as e:
     _settings_with(monkeypatch, **env)
+  # One line: the prefix, the variable, the value (tests/test_settings_bounds.py
+  # has the property test of the parser).
+  assert str(e.value).startswith(f"jax_llar settings from the environment: {var}: ")
+  assert repr(raw) in str(e.value) and "\n" not in str(e.value)
 
 
 def test_max_bytes_from_the_environment_is_clipped_to_the_cap(monkeypatch):
@@ -69,10 +74,15 @@ def test_settings_assignment_is_checked():
   # The default is the cap: the tuning tables decide up to their own limits.
   assert config.settings.max_bytes == config.DEFAULT_MAX_BYTES == config.MAX_BYTES_CAP
   assert config.MAX_BYTES_CAP == algorithms.LARGEST_MAX_BYTES
-  for name, bad in [("tuning_file", None), ("tuning_file", 3), ("tuning_dir", ""),
-                    ("tuning_dir", None)]:
+  for name, bad in [("tuning_file", None), ("tuning_file", 3), ("tuning_dir", None),
+                    ("tuning_dir", b"/tmp"), ("tuning_file", "a\0b")]:
     with pytest.raises(ValueError, match=name):
       setattr(s, name, bad)
+  # One rule for every string setting, as from the environment: stripped,
+  # and empty (or whitespace only) means the default.
+  s.tuning_dir = "/tmp/x"
+  s.tuning_dir = " \t"
+  assert s.tuning_dir == config.DEFAULT_TUNING_DIR
 
 
 def test_tuning_settings_from_the_environment(monkeypatch, tmp_path):

@@ -47,7 +47,6 @@ repository's benchmarks/METHOD.md.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -380,10 +379,22 @@ def main() -> int:
       print(f"jax_llar.tools.tune: --verify_from needs 2+ CUDA GPUs; found {len(devices)}"
             + (f" ({why})" if why else ""))
       return 1
-    with open(VERIFY_FROM.value) as f:
-      return verify(json.load(f)["rows"], devices)
-  if FROM_RESULTS.value:
-    paths = list(FROM_RESULTS.value)
+    try:
+      rows = tuning.read_results(VERIFY_FROM.value).get("rows")
+    except tuning.TuningBuildError as e:
+      print(f"jax_llar.tools.tune: --verify_from: {e}")
+      return 1
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+      print(f"jax_llar.tools.tune: --verify_from: {VERIFY_FROM.value}: rows must be a "
+            "JSON array of objects (a tune result's)")
+      return 1
+    return verify(rows, devices)
+  if flags.FLAGS["from_results"].present:
+    paths = list(FROM_RESULTS.value or [])
+    if not paths or not all(p.strip() for p in paths):
+      print("jax_llar.tools.tune: --from_results must name result files (a comma list "
+            f"without empty entries), got {','.join(paths)!r}")
+      return 1
     try:
       tables = tuning.build_tables(
           paths, command=from_results_command(paths, ARCHITECTURE.value, MARGIN.value,
@@ -392,6 +403,9 @@ def main() -> int:
           allow_unsigned=ALLOW_UNSIGNED.value, validated_by=STORE_ATOMICITY.value)
       write_tables(tables)
     except (tuning.TuningBuildError, OSError, ValueError) as e:
+      # TuningBuildError: the result files (unreadable, not a regular file,
+      # not JSON, too deeply nested, members of the wrong JSON type) or what
+      # they measured; OSError: the tables' folder.
       print(f"jax_llar.tools.tune: no table written: {e}")
       return 1
     return 0
