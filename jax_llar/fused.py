@@ -4,11 +4,16 @@ RMSNorm that follows it in a tensor-parallel transformer layer, as one op.
 The op is defined by its reference, `reference`: the JAX code a model writes
 without jax_llar's fused op, with the all-reduce through ``jax_llar.psum``.
 Its primitive, ``psum_add_rms_norm_p``, keeps that reference as its
-meaning: abstract evaluation (shapes, dtypes, ``check_vma`` types), the JVP
-(tangents are the reference's, so ``jax.grad`` differentiates exactly the
-unfused code), batching (a leading batch dimension is handed to the
-primitive; a vmapped axis that the all-reduce names runs the reference
-under ``vmap``) and every lowering but the fast one are the reference's.
+meaning: abstract evaluation (shapes, dtypes, ``check_vma`` types),
+differentiation (under a JVP or linearize trace, i.e. ``jax.grad``,
+``jax.jvp``, ``jax.vjp``, ``jax.jacfwd``, ``jax.hessian`` and their nestings,
+an op whose inputs carry tangents is the reference itself, run under that
+trace: the program differentiated is the unfused code's, equation for
+equation, so every derivative order equals the reference's bitwise on CPU),
+batching (each output batched where the reference's is: a batch of x or
+residual is handed to the primitive on a leading dimension; a batched
+weight, or a vmapped axis that the all-reduce names, runs the reference
+under that vmap) and every lowering but the fast one are the reference's.
 
 On CUDA the lowering asks ``jax_llar.lowering.decide`` (with the fused
 kernel's own shape rule, ``algorithms.add_rms_norm_refusal``, and its need
@@ -92,6 +97,25 @@ def psum_add_rms_norm(x: Any, residual: Any, weight: Any, axis_name, *,
   4 for float32, benchmarks/NOTES.md entry 27). Where the fused kernel does
   not serve the op it is the reference, bitwise.
 
+  Differentiation: every derivative order equals the unfused reference's
+  bitwise on CPU (``jax.grad``, ``jax.vjp``, ``jax.jvp``, ``jax.linearize``,
+  ``jax.jacfwd``, ``jax.jacrev``, ``jax.hessian`` and any nesting of them,
+  with respect to x, residual and weight): under differentiation the op is
+  its reference, so the program differentiated is the unfused code's,
+  equation for equation. So a differentiated program holds no fused op: its
+  forward pass is the reference's, whose all-reduce is a ``jax_llar.psum``
+  with a dispatch decision of its own (op "psum"; on CUDA GPUs it may take
+  the one-shot fast path, not the fused kernel). An op whose inputs carry no
+  tangent stays the fused op.
+
+  Batching (``jax.vmap``, any combination of batched x, residual and
+  weight): each output is batched where the reference's is, and an output
+  that the batch does not reach is unbatched (``out_axes=None`` takes it):
+  new_residual is not batched by a batched weight alone, and an all-reduce
+  over the vmapped axis itself sums the batch. A batch of x or residual runs
+  the fused op on a leading batch dimension; a batched weight, or a vmapped
+  axis that the all-reduce names, runs the reference under that vmap.
+
   Args:
     x: the rank's partial sum, shape (..., d), float32, bfloat16 or float16,
       varying over `axis_name` (inside ``jax.shard_map``).
@@ -99,7 +123,8 @@ def psum_add_rms_norm(x: Any, residual: Any, weight: Any, axis_name, *,
     weight: the RMSNorm gain, shape (d,), any float dtype (used in float32).
     axis_name: mesh axis name (or tuple of names) of the all-reduce.
     eps: added to the mean square before the reciprocal square root; a
-      Python number (static: it is part of the compiled call).
+      static Python number (it is part of the compiled call): not a traced
+      value such as an argument of a jitted function.
 
   Returns:
     (normed, new_residual), both with x's shape and dtype.
@@ -110,6 +135,10 @@ def psum_add_rms_norm(x: Any, residual: Any, weight: Any, axis_name, *,
 
   Raises:
     ValueError: shapes or dtypes that do not match (before any lowering).
+    TypeError: an eps that is not a static Python number ("eps must be a
+      static Python float"), e.g. a traced one: pass a Python float, or mark
+      the argument it comes from static (``jax.jit(...,
+      static_argnames=...)``).
     NameError: an unbound axis name (JAX's error, from the psum).
 
   Example, inside a jitted shard_map over a mesh with axis "tp"::
@@ -136,16 +165,64 @@ def psum_add_rms_norm(x: Any, residual: Any, weight: Any, axis_name, *,
                      f"and weight {weight.dtype}")
   axes = tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
   normed, new_residual = psum_add_rms_norm_p.bind(x, residual, weight, axes=axes,
-                                                  eps=float(eps))
+                                                  eps=_static_eps(eps))
   return normed, new_residual
+
+
+def _static_eps(eps) -> float:
+  """`eps` as the Python float the op compiles in, or a TypeError naming it
+  (a traced value, e.g. a jitted function's argument, has no value yet)."""
+  if isinstance(eps, core.Tracer):
+    raise TypeError(
+        f"psum_add_rms_norm: eps must be a static Python float (it is compiled "
+        f"into the op), got a traced value ({core.typeof(eps).str_short()}); pass "
+        "a Python number, or mark the argument it comes from static (e.g. "
+        "jax.jit(..., static_argnames=...))")
+  try:
+    return float(eps)
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"psum_add_rms_norm: eps must be a static Python float, got "
+                    f"{eps!r}") from e
 
 
 # --- the primitive ---------------------------------------------------------------
 
+class _FusedPrimitive(core.Primitive):
+  """A primitive that differentiation traces do not see: bound under a JVP
+  or linearize trace (``jax.jvp``, ``jax.grad``, ``jax.vjp``,
+  ``jax.linearize``, ``jax.jacfwd``, ``jax.hessian``, ...) with an input that
+  carries a tangent there, it is its reference, run under that very trace.
+
+  So the program a transformation differentiates is the unfused code's own,
+  equation for equation, and every derivative order is the reference's. A
+  JVP rule, even one of the reference's arithmetic, orders its equations
+  otherwise, which XLA may compile to other bits at higher orders
+  (benchmarks/NOTES.md). Every other trace (jit and make_jaxpr staging,
+  vmap, evaluation) binds the primitive."""
+
+  def bind_with_trace(self, trace, args, *rest):
+    # rest: (avals, params) on this jax, (params,) on older ones.
+    if (isinstance(trace, _DIFFERENTIATION_TRACES) and
+        any(not _is_zero(trace.to_primal_tangent_pair(a)[1]) for a in args)):
+      params = rest[-1]
+      with core.set_current_trace(trace):
+        return list(_ref(params["axes"], params["eps"])(*args))
+    return super().bind_with_trace(trace, args, *rest)
+
+
+_DIFFERENTIATION_TRACES = tuple(
+    t for t in (getattr(ad, "JVPTrace", None), getattr(ad, "LinearizeTrace", None))
+    if t is not None)
+
+
 # The fused op's JAX primitive (llar_psum_add_rms_norm in a jaxpr), bound by
 # `psum_add_rms_norm`; two results (normed, new_residual); lowered by `_lower`.
-psum_add_rms_norm_p = core.Primitive("llar_psum_add_rms_norm")
+psum_add_rms_norm_p = _FusedPrimitive("llar_psum_add_rms_norm")
 psum_add_rms_norm_p.multiple_results = True
+
+
+def _is_zero(t) -> bool:
+  return type(t) is ad.Zero
 
 
 def _ref(axes, eps, psum=psum_lib.psum):
@@ -166,31 +243,55 @@ def _impl(x, residual, weight, *, axes, eps):
 
 
 def _jvp(primals, tangents, *, axes, eps):
-  # The reference's tangents, taken at the op's own outputs: one all-reduce
-  # of the tangent of x (psum is linear), then the norm's JVP at new_residual;
-  # the primal all-reduce is not done a second time.
-  x, _, weight = primals
-  normed, new_residual = psum_add_rms_norm_p.bind(*primals, axes=axes, eps=eps)
-  dx, dr, dw = [ad.instantiate_zeros(t) for t in tangents]
-  d_new_residual = psum_lib.psum(dx, axes) + dr
-  _, d_normed = jax.jvp(lambda nr, w: _norm(nr, w, eps), (new_residual, weight),
-                        (d_new_residual, dw))
-  del x
-  return [normed, new_residual], [d_normed, d_new_residual]
+  """The reference's JVP (for a caller that asks for the rule itself:
+  `_FusedPrimitive` runs the reference under the JVP and linearize traces,
+  so that they do not), with symbolic zeros kept symbolic: an input without
+  a tangent is a constant of the JVP, as in the unfused code."""
+  return _jvp_of(_ref(axes, eps), primals, tangents)
+
+
+def _jvp_of(fn, primals, tangents):
+  """``jax.jvp(fn, primals, tangents)`` where a tangent may be a symbolic
+  zero (``ad.Zero``): that argument is closed over. Returns (outs, tangents)
+  as lists, a tangent a symbolic zero where no argument has one."""
+  nonzero = [not _is_zero(t) for t in tangents]
+
+  def of_nonzero(*args):
+    it = iter(args)
+    return fn(*(next(it) if nz else p for p, nz in zip(primals, nonzero)))
+
+  if not any(nonzero):
+    outs = fn(*primals)
+    return list(outs), [ad.Zero(core.typeof(o).to_tangent_aval()) for o in outs]
+  outs, touts = jax.jvp(of_nonzero, [p for p, nz in zip(primals, nonzero) if nz],
+                        [t for t, nz in zip(tangents, nonzero) if nz])
+  return list(outs), list(touts)
 
 
 def _batch(axis_data, vals, dims, *, axes, eps):
+  """Batching: each output batched exactly where the reference's is.
+
+  Nothing batched (vmap calls the rule then too, e.g. for the primal of
+  ``jax.jacfwd``): the op, unbatched. The vmapped axis is one the
+  all-reduce names, or each batch element has a gain of its own: the
+  reference, batched by JAX with its own out axes (an output the batch does
+  not reach stays unbatched). Else x or residual batched: the op on a
+  leading batch dimension (the other moved or broadcast there); both
+  outputs depend on both, so both are batched."""
   x, r, w = vals
   dx, dr, dw = dims
   if axis_data.name in axes or dw is not None:
-    # The vmapped axis is one the all-reduce names, or each batch element has
-    # its own gain: the reference under vmap.
-    out = jax.vmap(_ref(axes, eps), in_axes=tuple(dims), axis_name=axis_data.name,
-                   axis_size=axis_data.size, spmd_axis_name=axis_data.spmd_name)(x, r, w)
-    return list(out), [0, 0]
-  size = axis_data.size
-  x = batching.bdim_at_front(x, dx, size)
-  r = batching.bdim_at_front(r, dr, size)
+    fn = _ref(axes, eps)
+    dbg = api_util.debug_info("jax_llar.psum_add_rms_norm", fn, (x, r, w), {})
+    f, out_dims = batching.batch_subtrace(lu.wrap_init(fn, debug_info=dbg),
+                                          core.TraceTag(), axis_data, tuple(dims))
+    out = f.call_wrapped(x, r, w)
+    return list(out), list(out_dims())
+  if dx is None and dr is None:
+    return psum_add_rms_norm_p.bind(x, r, w, axes=axes, eps=eps), [None, None]
+  size, mesh_axis = axis_data.size, axis_data.explicit_mesh_axis
+  x = batching.bdim_at_front(x, dx, size, mesh_axis)
+  r = batching.bdim_at_front(r, dr, size, mesh_axis)
   return psum_add_rms_norm_p.bind(x, r, w, axes=axes, eps=eps), [0, 0]
 
 

@@ -176,21 +176,27 @@ def test_cuda_lowering_emits_the_fused_call(monkeypatch):
   assert "jax_llar.one_shot_ll_add_rms_norm.bf16.4096B.2ranks" in text
 
 
-def test_grad_all_reduces_the_primal_once():
-  """The JVP reuses the op's outputs: the forward all-reduce runs once (in
-  the fused op); the only psum is the tangent's."""
+def test_grad_differentiates_the_reference_all_reducing_the_primal_once():
+  """Under differentiation the op is its reference (issue 23): the grad's
+  program is the reference's, equation for equation, with no fused op in
+  it; the forward all-reduce runs once (its transpose is a pvary)."""
   mesh = mesh_of((2,), ("x",))
   x, r, w = _data(np.random.default_rng(7), 2, 1, 16, np.float32)
   xs = jax.device_put(x, NamedSharding(mesh, P("x")))
 
-  def loss(x, r, w):
-    n, _ = jax.shard_map(lambda x, r, w: jax_llar.psum_add_rms_norm(x[0], r, w, "x"),
-                         mesh=mesh, in_specs=(P("x"), P(), P()), out_specs=(P(), P()))(x, r, w)
-    return jnp.sum(n)
+  def loss(op):
+    def f(x, r, w):
+      n, _ = jax.shard_map(lambda x, r, w: op(x[0], r, w, "x"), mesh=mesh,
+                           in_specs=(P("x"), P(), P()), out_specs=(P(), P()))(x, r, w)
+      return jnp.sum(n)
+    return f
 
-  text = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 2)))(xs, r, w))
-  assert text.count("llar_psum_add_rms_norm[") == 1
-  assert text.count("psum") - text.count("llar_psum_add_rms_norm") <= 1
+  text = str(jax.make_jaxpr(jax.grad(loss(jax_llar.psum_add_rms_norm),
+                                     argnums=(0, 2)))(xs, r, w))
+  assert "llar_psum_add_rms_norm" not in text
+  assert text.count("psum") == 1 and text.count("pvary") == 1, text
+  assert text == str(jax.make_jaxpr(jax.grad(
+      loss(lambda *a: fused.reference(*a, 1e-6)), argnums=(0, 2)))(xs, r, w))
 
 
 def test_explain_finds_the_fused_op_in_a_rolled_loop():
