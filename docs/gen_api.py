@@ -56,6 +56,9 @@ INTERNAL_MODULES = (
     "jax_llar.explain",
     "jax_llar.policy",
     "jax_llar.lowering",
+    "jax_llar.dispatch",
+    "jax_llar.inputs",
+    "jax_llar.reports",
     "jax_llar.comm",
 )
 

@@ -36,6 +36,7 @@ from typing import Any
 import jax
 
 from jax_llar import algorithms, log, signature
+from jax_llar.reports import decode_report
 
 TARGET_ALL_REDUCE = "jax_llar_all_reduce"
 
@@ -185,10 +186,9 @@ def _warn_if_untested(mod: Any) -> None:
 def _print_error_reports() -> None:
   """At exit, says what any failed wait was waiting for (the XLA error that
   failed the call cannot carry it): a timeout, or a mispaired call's foreign
-  signature (``jax_llar.status.report_message``)."""
+  signature (``jax_llar.reports.report_message``)."""
   if _module is None:
     return
-  from jax_llar.status import decode_report  # pylint: disable=g-import-not-at-top
   for r in _module.error_reports():
     print(decode_report(r)["message"], file=sys.stderr)
 

@@ -23,7 +23,9 @@ import os
 import threading
 from typing import Callable, Sequence
 
-from jax_llar import _ext
+import jax
+
+from jax_llar import _ext, distributed, inputs, tuning
 from jax_llar.algorithms import Algorithm
 from jax_llar.config import settings
 
@@ -53,7 +55,7 @@ class CommSet:
   agreement: Callable[[Algorithm], Callable[[int, str, str], bool]] | None = dataclasses.field(
       default=None, compare=False, repr=False)
   # For a set spanning processes: the decision inputs the processes agreed
-  # on (jax_llar.distributed.decision_inputs); a lowering whose inputs have
+  # on (jax_llar.inputs.decision_inputs); a lowering whose inputs have
   # changed since must not decide differently from the other processes.
   agreed_inputs: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
@@ -177,7 +179,6 @@ def get_or_create_spanning(groups: Sequence[Sequence[tuple[int, int]]],
       arrive within the bootstrap timeout, or NCCL/CUDA refused in some
       process. Remembered, like `get_or_create`'s.
   """
-  from jax_llar import distributed  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   key = ("spanning",) + tuple(tuple((int(p), int(d)) for p, d in g) for g in groups)
   ordinals = dict(ordinals or {})
@@ -221,6 +222,43 @@ def get_or_create_spanning(groups: Sequence[Sequence[tuple[int, int]]],
                  world_size=world, agreement=agreement, agreed_inputs=record["inputs"])
     _sets[key] = cs
     return cs
+
+
+def spans_processes(devices) -> bool:
+  """Whether the psum's devices belong to more than one process (or the
+  program runs in several): then every process takes part in the set's
+  creation (`get_or_create_spanning`)."""
+  return jax.process_count() > 1 or any(
+      d.process_index != jax.process_index() for d in devices)
+
+
+def for_groups(groups) -> CommSet:
+  """The communicator set of `groups` (lists of jax devices, in rank order),
+  made the first time the groups are seen: `get_or_create` for devices of
+  this process, `get_or_create_spanning` for groups that span processes
+  (keyed by global device id: another process's device has no CUDA ordinal
+  here, and the key must be the same in every process).
+
+  Raises:
+    CommError: the set cannot be made, or (spanning) this process's
+      decision inputs changed since the processes agreed on them.
+  """
+  devices = [d for g in groups for d in g]
+  if spans_processes(devices):
+    me = jax.process_index()
+    architecture = tuning.architecture_of(devices[0])
+    cs = get_or_create_spanning(
+        [[(d.process_index, d.id) for d in g] for g in groups], architecture,
+        {d.id: d.local_hardware_id for d in devices if d.process_index == me})
+    now = inputs.decision_inputs(len(groups[0]), architecture)
+    if cs.agreed_inputs is not None and now != cs.agreed_inputs:
+      changed = sorted(k for k in now if now.get(k) != cs.agreed_inputs.get(k))
+      raise CommError(
+          f"this process's decision inputs changed since the processes agreed on them "
+          f"({', '.join(changed)}): the others would decide differently; change "
+          "settings in every process alike, before the first lowering")
+    return cs
+  return get_or_create([[d.local_hardware_id for d in g] for g in groups])
 
 
 def comm_sets() -> list[CommSet]:

@@ -11,9 +11,9 @@ coordinator):
 1. **Agreement** (once per communicator set, at the first lowering that
    needs it). Every process of the set posts its *record*: the node it runs
    on (`host_identity`: its boot id) and every input of a lowering decision
-   (`decision_inputs`: the settings, the tuning table in use, the XLA flags
-   the lowering reads, the jax_llar and NCCL versions). Each process then
-   reads every other process's record. All of them see the same records, so
+   (``jax_llar.inputs.decision_inputs``: the settings, the tuning table in
+   use, the XLA flags the lowering reads, the jax_llar and NCCL versions).
+   Each process then reads every other process's record. All of them see the same records, so
    all take the same decision: different hosts refuse the set ("spans
    nodes"), different decision inputs refuse it ("inputs differ"), in every
    process alike. Because every later decision of a psum depends only on
@@ -68,7 +68,7 @@ an error naming the step ("ncclCommInitRank did not complete within N ms
 ..."). A refused set
 is a ``CommError`` and a fallback to ``lax.psum`` in every process, and a
 lowering whose decision inputs changed after the agreement refuses
-(jax_llar.lowering). After the set-up, the kernels' bounded wait turns a
+(jax_llar.comm.for_groups). After the set-up, the kernels' bounded wait turns a
 missing peer into the bounded-wait error (docs/multiprocess.md).
 
 NCCL API: ``ncclGetUniqueId``, ``ncclCommInitRankConfig`` (non-blocking),
@@ -86,6 +86,7 @@ import socket
 from typing import Any, Callable, Protocol, Sequence
 
 from jax_llar import log
+from jax_llar.inputs import decision_inputs
 from jax_llar.config import settings
 
 # Key prefix in the key-value store (bumped when the records change).
@@ -134,28 +135,6 @@ def host_identity() -> str:
       return "boot:" + f.read().strip()
   except OSError:
     return "host:" + socket.gethostname()
-
-
-def decision_inputs(world: int, architecture: str | None) -> dict[str, Any]:
-  """Every input of a lowering decision besides the program: the settings,
-  the tuning table for (`architecture`, `world`), the XLA flag the lowering
-  reads, the versions. Processes whose inputs are equal decide alike."""
-  from jax_llar import _ext, lowering, tuning  # pylint: disable=g-import-not-at-top
-  found = tuning.lookup(architecture, world)
-  table = found.table
-  mod = _ext.loaded()
-  return {
-      "disabled": bool(settings.disabled),
-      "max_bytes": int(settings.max_bytes),
-      "algorithm": settings.algorithm,
-      "signatures": bool(settings.signatures),
-      "timeout_ms": int(settings.timeout_ms),
-      "table": None if table is None else tuning.dumps(tuning.to_dict(table)),
-      "concurrent_flag": bool(lowering._CONCURRENT_FLAG.search(  # pylint: disable=protected-access
-          os.environ.get("XLA_FLAGS", ""))),
-      "nccl": mod.nccl_runtime_version() if mod is not None else None,
-      "extension": _ext.build_info(),
-  }
 
 
 def set_key(groups: Sequence[Sequence[tuple[int, int]]]) -> str:

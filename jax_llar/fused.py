@@ -15,7 +15,7 @@ residual is handed to the primitive on a leading dimension; a batched
 weight, or a vmapped axis that the all-reduce names, runs the reference
 under that vmap) and every lowering but the fast one are the reference's.
 
-On CUDA the lowering asks ``jax_llar.lowering.decide`` (with the fused
+On CUDA the lowering asks ``jax_llar.dispatch.decide`` (with the fused
 kernel's own shape rule, ``algorithms.add_rms_norm_refusal``, and its need
 for thread block clusters) and emits the fused kernel's FFI call, one launch
 doing all three steps as TensorRT-LLM, vLLM and FlashInfer fuse them
@@ -32,7 +32,6 @@ recorded with ``op="psum_add_rms_norm"``.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -43,9 +42,8 @@ from jax._src.interpreters import ad, batching, mlir
 from jax._src.interpreters import partial_eval as pe
 import jax.extend.linear_util as lu
 import numpy as np
-from jax._src.lib.mlir import ir
 
-from jax_llar import algorithms, log, lowering, signature, swap
+from jax_llar import algorithms, dispatch, log, lowering, swap
 from jax_llar import psum as psum_lib
 
 
@@ -215,6 +213,9 @@ _DIFFERENTIATION_TRACES = tuple(
     if t is not None)
 
 
+# The fused kernel's name in its calls' op names (``lowering.op_name``).
+KERNEL = "one_shot_ll_add_rms_norm"
+
 # The fused op's JAX primitive (llar_psum_add_rms_norm in a jaxpr), bound by
 # `psum_add_rms_norm`; two results (normed, new_residual); lowered by `_lower`.
 psum_add_rms_norm_p = _FusedPrimitive("llar_psum_add_rms_norm")
@@ -322,19 +323,18 @@ def _decide(ctx, axes, platform: str) -> log.Decision:
     refusal = algorithms.add_rms_norm_refusal(x_aval.shape, x_aval.dtype, w_aval.dtype)
   for_export = bool(getattr(ctx.module_context.lowering_parameters, "for_export",
                             False))
-  return lowering.decide(ctx.module_context.axis_context, x_aval, axes,
+  return dispatch.decide(ctx.module_context.axis_context, x_aval, axes,
                          platform=platform, source="psum", for_export=for_export,
                          op="psum_add_rms_norm", shape_refusal=refusal)
 
 
-def _lower_default(ctx, x, residual, weight, *, axes, eps):
+def _lower_default(ctx, platforms: str, x, residual, weight, *, axes, eps):
   """Every platform but CUDA: records what CUDA GPUs would do (the fused
   kernel's candidate, or why not), then lowers the reference with lax.psum.
   That one decision is the op's only one: jax_llar's psum rule would refuse
   the reference's psum here too ("platform", or an earlier reason) and lower
   it as lax.psum, so it is not asked (a second decision for one op)."""
-  platforms = [p for p in ctx.module_context.platforms if p != "cuda"]
-  _decide(ctx, axes, ", ".join(platforms) or "this platform")
+  _decide(ctx, axes, platforms or "this platform")
   return lower_reference(ctx, x, residual, weight, axes=axes, eps=eps,
                          decide_psum=False)
 
@@ -343,42 +343,26 @@ def _lower_cuda(ctx, x, residual, weight, *, axes, eps):
   """CUDA: the fused kernel where `decide` allows it, else the reference,
   whose psum jax_llar decides (and records) as any jax_llar.psum: it may
   take a fast path that the fused kernel could not (another shape rule, no
-  thread block clusters, a tuning table's algorithm)."""
+  thread block clusters, a tuning table's algorithm). The fused call has a
+  signature of its own: it shares the one-shot's epochs and scratch, so a
+  mispairing with a one-shot call is detected too."""
   decision = _decide(ctx, axes, "cuda")
   if not decision.fast or decision.algorithm != algorithms.Algorithm.ONE_SHOT_LL:
     return lower_reference(ctx, x, residual, weight, axes=axes, eps=eps)
-  return _fused_call(ctx, x, residual, weight, decision, eps)
-
-
-def _fused_call(ctx, x, residual, weight, decision: log.Decision, eps: float):
-  name = lowering.op_name(decision).replace("jax_llar.one_shot_ll.",
-                                            "jax_llar.one_shot_ll_add_rms_norm.")
-  # A signature of its own: the fused call shares the one-shot's epochs and
-  # scratch, so a mispairing with a one-shot call is detected too.
-  sig = signature.assign(ctx.module_context, name, ctx.traceback)
-  loc = mlir.source_info_to_location(ctx.module_context, None,
-                                     ctx.name_stack.extend(name), ctx.traceback)
-  with ir.Location.name("jax_llar.one_shot_ll_add_rms_norm:", childLoc=loc):
-    return jax.ffi.ffi_lowering(algorithms.FUSED_TARGET)(
-        ctx, x, residual, weight, comm_id=np.int64(decision.comm_id),
-        comm_key=np.int64(decision.comm_key), eps=np.float32(eps),
-        signature=np.int64(sig))
+  return lowering.emit_call(ctx, [x, residual, weight], decision,
+                            algorithms.FUSED_TARGET, kernel=KERNEL, eps=np.float32(eps))
 
 
 def _lower(ctx, x, residual, weight, *, axes, eps):
-  """The one rule for every platform: CUDA's or the others', and for a
-  lowering for several platforms at once one branch each (as the psum rules
-  do, jax_llar.lowering: JAX's own per-platform dispatch of a rule that is
-  not cached needs a list of output avals)."""
-  platforms = list(ctx.module_context.platforms)
-  if len(platforms) == 1 or "cuda" not in platforms:
-    rule = _lower_cuda if platforms == ["cuda"] else _lower_default
-    return rule(ctx, x, residual, weight, axes=axes, eps=eps)
-  return mlir.lower_per_platform(
-      ctx.replace(avals_out=list(ctx.avals_out)), "jax_llar psum_add_rms_norm",
-      {"cuda": functools.partial(_lower_cuda, axes=axes, eps=eps)},
-      functools.partial(_lower_default, axes=axes, eps=eps), frozenset(),
-      x, residual, weight)
+  """The one rule for every platform: CUDA's or the others', one branch each
+  for a lowering for several platforms at once
+  (``lowering.lower_for_platforms``, as the psum rules)."""
+  def rule(c, platforms, *args):
+    if platforms == lowering.FAST_PLATFORM:
+      return _lower_cuda(c, *args, axes=axes, eps=eps)
+    return _lower_default(c, platforms, *args, axes=axes, eps=eps)
+  return lowering.lower_for_platforms(ctx, "jax_llar psum_add_rms_norm", rule,
+                                      x, residual, weight)
 
 
 # Not cached per module: every fused call gets an instruction, and so a call

@@ -7,10 +7,8 @@ from typing import Any
 import jax
 
 from jax_llar import _ext, algorithms, comm, lowering, signature, swap, tuning
+from jax_llar.reports import decode_report
 from jax_llar.config import settings
-
-# ErrorRecord::code (ffi/include/llar/args.h, wait.cuh) -> its name.
-ERROR_CODES = {1: "timeout", 2: "foreign signature"}
 
 
 def status() -> dict[str, Any]:
@@ -116,7 +114,7 @@ def error_reports() -> list[dict[str, Any]]:
   stay readable; call this after catching the error.
 
   Returns:
-    One dict per report (`decode_report`): ``comm_id``, ``device``,
+    One dict per report (``jax_llar.reports.decode_report``): ``comm_id``, ``device``,
     ``code``, ``what`` (the code's name), ``rank`` (that waited), ``peer``
     (whose line it waited for, or whose line was foreign), ``block``,
     ``line``, ``epoch``, ``flag_expected``, ``flag_seen`` (a pair),
@@ -135,52 +133,3 @@ def error_reports() -> list[dict[str, Any]]:
   """
   mod = _ext.loaded()
   return [decode_report(r) for r in mod.error_reports()] if mod else []
-
-
-def decode_report(raw: dict[str, Any]) -> dict[str, Any]:
-  """`raw` (one report as the extension returns it) with the decoded fields
-  of `error_reports` added. Pure apart from reading the signatures lowered in
-  this process (``jax_llar.signature.calls``)."""
-  r = dict(raw)
-  code = int(r.get("code", 0))
-  r["what"] = ERROR_CODES.get(code, f"code {code}")
-  bits = int(r.get("flag_epoch_bits") or 0)
-  seen = r.get("flag_seen") or (0, 0)
-  if bits:
-    mask = (1 << bits) - 1
-    r["epoch_bits_expected"] = int(r.get("flag_expected", 0)) & mask
-    r["epoch_bits_seen"] = int(seen[0]) & mask
-  else:
-    r["epoch_bits_expected"] = r["epoch_bits_seen"] = None
-  for key in ("expected", "seen"):
-    sig = int(r.get(f"signature_{key}") or 0)
-    r[f"calls_{key}"] = sorted({c.op_name for c in signature.calls(sig)}) if sig else []
-  r["message"] = report_message(r)
-  return r
-
-
-def _call(r: dict[str, Any], key: str) -> str:
-  sig = int(r.get(f"signature_{key}") or 0)
-  names = r.get(f"calls_{key}") or []
-  if not sig:
-    return "no signature"
-  return f"signature {sig}" + (f" ({', '.join(names)})" if names else "")
-
-
-def report_message(r: dict[str, Any]) -> str:
-  """One sentence for a decoded report (`decode_report`)."""
-  where = (f"on CUDA device {r.get('device')}: rank {r.get('rank')}, block "
-           f"{r.get('block')}, line {r.get('line')}, epoch {r.get('epoch')}")
-  restart = ("The kernel trapped, so this device's CUDA context is lost: restart "
-             "the process.")
-  if r.get("code") == 2:
-    return (f"jax_llar: a mispaired call {where}: its call, {_call(r, 'expected')}, "
-            f"found rank {r.get('peer')}'s line of the same epoch from another call, "
-            f"{_call(r, 'seen')}. The GPUs did not run the same sequence of jax_llar "
-            "calls (programs dispatched from several threads onto the same devices, "
-            "or a call that only some ranks make). " + restart)
-  waited = r.get("waited_ns") or 0
-  return (f"jax_llar: a bounded wait timed out after {waited / 1e6:.0f} ms {where}: "
-          f"rank {r.get('peer')}'s line never arrived ({_call(r, 'expected')}; flag "
-          f"{r.get('flag_expected')} expected, saw {tuple(r.get('flag_seen') or ())}). "
-          + restart)

@@ -18,7 +18,7 @@ import pytest
 from jax._src.sharding_impls import SPMDAxisContext
 from jax.sharding import Mesh
 
-from jax_llar import _ext, comm, distributed, lowering
+from jax_llar import _ext, comm, dispatch, distributed, inputs
 from jax_llar.algorithms import Algorithm
 from jax_llar.config import settings
 
@@ -572,12 +572,12 @@ def test_f10_a_region_go_is_followed_by_a_process_whose_reads_timed_out():
 
 
 def test_decision_inputs_follow_the_settings(monkeypatch):
-  a = distributed.decision_inputs(2, None)
+  a = inputs.decision_inputs(2, None)
   monkeypatch.setattr(settings, "max_bytes", settings.max_bytes // 2)
-  b = distributed.decision_inputs(2, None)
+  b = inputs.decision_inputs(2, None)
   assert a != b and {k for k in a if a[k] != b[k]} == {"max_bytes"}
   monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT")
-  assert distributed.decision_inputs(2, None)["concurrent_flag"] is True
+  assert inputs.decision_inputs(2, None)["concurrent_flag"] is True
   assert distributed.host_identity().startswith(("boot:", "host:"))
 
 
@@ -639,7 +639,7 @@ def test_f10_lowering_spanning_processes_bootstraps_through_the_store(monkeypatc
   devices = np.array([FakeGpu(0, 0), FakeGpu(1, 1)])
   ctx = SPMDAxisContext(Mesh(devices, ("x",)))
   aval = jax.core.ShapedArray((256,), np.float32)
-  d = lowering.decide(ctx, aval, ("x",), platform="cuda")
+  d = dispatch.decide(ctx, aval, ("x",), platform="cuda")
   assert (d.reason, d.algorithm, d.comm_id, d.comm_key) == ("fast_path", ONE_SHOT_LL, 9, 77)
   assert seen["groups"] == [[(0, 0), (1, 1)]] and seen["me"] == 0
   assert seen["ordinals"] == {0: 0}  # only this process's device has an ordinal
@@ -649,13 +649,13 @@ def test_f10_lowering_spanning_processes_bootstraps_through_the_store(monkeypatc
   # A setting changed in this process after the agreement: its psums refuse
   # (the others, which agreed on the old inputs, would decide otherwise).
   monkeypatch.setattr(settings, "max_bytes", settings.max_bytes // 2)
-  d = lowering.decide(ctx, aval, ("x",), platform="cuda")
+  d = dispatch.decide(ctx, aval, ("x",), platform="cuda")
   assert d.reason == "communicator" and "inputs changed" in d.detail and "max_bytes" in d.detail
   # Without jax.distributed: refused, once, saying what to call.
   monkeypatch.setattr(distributed, "store", lambda: None)
   monkeypatch.setattr(comm, "_sets", {})
   caplog.set_level(logging.INFO, logger="jax_llar")
-  d = lowering.decide(ctx, aval, ("x",), platform="cuda")
+  d = dispatch.decide(ctx, aval, ("x",), platform="cuda")
   assert d.reason == "multiprocess" and "jax.distributed.initialize" in d.detail
 
 

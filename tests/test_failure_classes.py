@@ -40,7 +40,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import jax_llar
-from jax_llar import _ext, comm, lowering, signature
+from jax_llar import _ext, comm, dispatch, signature
 from jax_llar.algorithms import MAX_BYTES, Algorithm
 
 from cpu_helpers import (BF16, assert_bitwise, check_against_reference,
@@ -164,7 +164,7 @@ def test_f2_odd_sizes_and_threshold_through_the_gpu_lowering(fake_ext, dtype):
   itemsize = np.dtype(dtype).itemsize
   ctx = gpu_ctx((2,), ("x",))
   for n in ODD_SIZES:
-    d = lowering.decide(ctx, _aval((n,), dtype), ("x",), platform="cuda")
+    d = dispatch.decide(ctx, _aval((n,), dtype), ("x",), platform="cuda")
     assert (d.reason, d.bytes_per_rank) == (
         "empty" if n == 0 else "fast_path", n * itemsize), n
   vec = 16 // itemsize
@@ -172,7 +172,7 @@ def test_f2_odd_sizes_and_threshold_through_the_gpu_lowering(fake_ext, dtype):
                   (LIMIT // itemsize, "fast_path"),
                   (LIMIT // itemsize + 1, "size"),
                   (LIMIT // itemsize + vec, "size")):
-    d = lowering.decide(ctx, _aval((n,), dtype), ("x",), platform="cuda")
+    d = dispatch.decide(ctx, _aval((n,), dtype), ("x",), platform="cuda")
     assert d.reason == want, (n, d.reason, d.detail)
     assert d.algorithm is (ONE_SHOT_LL if want == "fast_path" else None)
 
@@ -241,7 +241,7 @@ def test_f4_500_fast_path_calls_carry_500_distinct_signatures(monkeypatch):
   """Lowered for CUDA with the fast path: 500 FFI calls, 500 distinct
   nonzero 16-bit signatures in one module (the collision salt,
   jax_llar.signature.assign), the same when lowered again."""
-  monkeypatch.setattr(lowering, "decide", _fast)
+  monkeypatch.setattr(dispatch, "decide", _fast)
   signature.clear()
   mesh = mesh_of((2,), ("x",))
   x = random_input(np.random.default_rng(105), (2, 500, 4), np.float32)
@@ -316,7 +316,7 @@ def test_f5_two_threads_deciding_share_one_communicator(fake_ext):
     try:
       barrier.wait()
       for n in range(1, 200):
-        results.append(lowering.decide(ctx, _aval((n,)), ("x",), platform="cuda"))
+        results.append(dispatch.decide(ctx, _aval((n,)), ("x",), platform="cuda"))
     except Exception as e:  # pylint: disable=broad-except
       errors.append(e)
 
@@ -397,7 +397,7 @@ def test_f7_psums_in_while_cond_scan_bodies():
   assert len(jax_llar.dispatch_log()) >= 3
   assert {d.reason for d in jax_llar.dispatch_log()} == {"platform"}
   with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(lowering, "decide", _fast)
+    mp.setattr(dispatch, "decide", _fast)
     text = _cuda_text(_loops(jax_llar.psum), x, mesh)
   signature.clear()
   assert text.count("custom_call @jax_llar_all_reduce") == 4
@@ -446,7 +446,13 @@ def test_f8_check_vma_out_specs_grad_vmap_and_fused():
   want = run(lax.psum, unfused)
   for g, w_ in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     assert_bitwise(g, w_)
-  assert {d.op for d in jax_llar.dispatch_log()} == {"psum", "psum_add_rms_norm"}
+  # Under differentiation the fused op is its reference, whose all-reduce
+  # is a jax_llar.psum (jax_llar.fused): every decision is a psum's.
+  assert {d.op for d in jax_llar.dispatch_log()} == {"psum"}
+  jax_llar.clear_dispatch_log()
+  jax.jit(jax.shard_map(lambda x, r, w: fused(x[0], r, w), mesh=mesh,
+                        in_specs=(P("x"), P(), P()), out_specs=(P(), P())))(x, r, w)
+  assert {d.op for d in jax_llar.dispatch_log()} == {"psum_add_rms_norm"}
   for call in (lambda: jax_llar.psum(x, "x"),
                lambda: jax.jit(lambda y: jax_llar.psum(y, "x"))(x)):
     with pytest.raises(NameError, match="unbound axis name: x"):
@@ -487,12 +493,12 @@ def test_f10_groups_spanning_processes_without_jax_distributed_refused_once(
   tests/test_distributed.py.)"""
   caplog.set_level(logging.INFO, logger="jax_llar")
   for _ in range(5):
-    d = lowering.decide(gpu_ctx((2,), ("x",), process_index=1), _aval((8,)),
+    d = dispatch.decide(gpu_ctx((2,), ("x",), process_index=1), _aval((8,)),
                         ("x",), platform="cuda")
     assert (d.reason, d.candidate, d.comm_id) == ("multiprocess", ONE_SHOT_LL, 0)
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   for _ in range(5):
-    d = lowering.decide(gpu_ctx((2,), ("x",)), _aval((8,)), ("x",), platform="cuda")
+    d = dispatch.decide(gpu_ctx((2,), ("x",)), _aval((8,)), ("x",), platform="cuda")
     assert d.reason == "multiprocess"
   warned = [r for r in caplog.records if "jax.distributed is not initialised" in r.getMessage()]
   assert len(warned) == 1 and warned[0].levelno == logging.WARNING
@@ -514,7 +520,7 @@ def test_f10_devices_not_peers_refused_as_communicator_once(monkeypatch, caplog)
   monkeypatch.setattr(comm, "_sets", {})
   monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
   for n in (4, 8, 16, 4):
-    d = lowering.decide(gpu_ctx((2,), ("x",)), _aval((n,)), ("x",), platform="cuda")
+    d = dispatch.decide(gpu_ctx((2,), ("x",)), _aval((n,)), ("x",), platform="cuda")
     assert (d.reason, d.comm_id, d.fast) == ("communicator", 0, False)
     assert "not peers" in d.detail
   assert len(calls) == 1
@@ -532,8 +538,8 @@ def test_f11_sets_and_regions_created_once_across_programs_and_clear_caches(fake
   ctx24, ctx2 = gpu_ctx(), gpu_ctx((2,), ("x",))
   for round_ in range(4):
     for n in range(1, 40):
-      assert lowering.decide(ctx24, _aval((n,)), ("b",), platform="cuda").fast
-      assert lowering.decide(ctx2, _aval((n, 3), BF16), ("x",), platform="cuda").fast
+      assert dispatch.decide(ctx24, _aval((n,)), ("b",), platform="cuda").fast
+      assert dispatch.decide(ctx2, _aval((n, 3), BF16), ("x",), platform="cuda").fast
     # a real program compiled and dropped between rounds
     shard_psum(jax_llar.psum, mesh, "x", np.ones((2, round_ + 1), np.float32))
     jax.clear_caches()
@@ -551,7 +557,7 @@ def test_f11_a_failed_region_is_not_allocated_again(fake_ext):
   fake_ext.refuse_region = "ncclMemAlloc: out of memory"
   ctx = gpu_ctx((2,), ("x",))
   for n in range(1, 51):
-    d = lowering.decide(ctx, _aval((n,)), ("x",), platform="cuda")
+    d = dispatch.decide(ctx, _aval((n,)), ("x",), platform="cuda")
     assert (d.reason, d.fast) == ("communicator", False)
     assert d.detail.startswith("ncclMemAlloc: out of memory")
   assert fake_ext.region_calls == 1
@@ -593,7 +599,7 @@ def test_f12_timeout_report_names_rank_peer_block_line_epoch(monkeypatch):
 def test_f13_foreign_signature_report_names_both_signatures(monkeypatch):
   """A mispaired call (code 2): both signatures, mapped back to the op names
   lowered in this process, rank, block, line and epoch in the message."""
-  monkeypatch.setattr(lowering, "decide", _fast)
+  monkeypatch.setattr(dispatch, "decide", _fast)
   signature.clear()
   try:
     mesh = mesh_of((2,), ("x",))

@@ -14,7 +14,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jax_llar
-from jax_llar import fused, lowering
+from jax_llar import dispatch, fused
 
 from cpu_helpers import assert_bitwise, mesh_of
 
@@ -166,7 +166,7 @@ def test_cuda_lowering_emits_the_fused_call(monkeypatch):
         bytes_per_rank=4096, world_size=2, algorithm=jax_llar.Algorithm.ONE_SHOT_LL,
         candidate=jax_llar.Algorithm.ONE_SHOT_LL, comm_id=4, comm_key=77, op=op)
 
-  monkeypatch.setattr(lowering, "decide", fast)
+  monkeypatch.setattr(dispatch, "decide", fast)
   text = _cuda_text(mesh, x, r, w, debug_info=True)
   assert seen == [("psum_add_rms_norm", (1, 2048), None)]
   assert text.count("custom_call @jax_llar_all_reduce_add_rms_norm") == 1

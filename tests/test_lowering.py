@@ -25,7 +25,7 @@ from jax._src.sharding_impls import ShardingContext, SPMDAxisContext
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_llar
-from jax_llar import _ext, comm, log, lowering
+from jax_llar import _ext, comm, dispatch, log
 from jax_llar.algorithms import MAX_BYTES, Algorithm
 from jax_llar.config import settings as llar_settings
 
@@ -44,7 +44,7 @@ def _aval(shape, dtype=np.float32):
 
 
 def _decide(ctx, aval, axes, platform="cuda"):
-  return lowering.decide(ctx, aval, axes, platform=platform)
+  return dispatch.decide(ctx, aval, axes, platform=platform)
 
 
 # --- decisions on CPU: the facts and the candidate (issue 15, item 3) ---------
@@ -256,12 +256,12 @@ def test_replica_groups_follow_jax_layout():
   for shape, names, axes in MESH_CASES:
     mesh = mesh_of(shape, names)
     flat = list(mesh.devices.flat)
-    groups = lowering.replica_groups(SPMDAxisContext(mesh), axes_tuple(axes))
+    groups = dispatch.replica_groups(SPMDAxisContext(mesh), axes_tuple(axes))
     got = sorted(sorted(flat.index(d) for d in g) for g in groups)
     want = sorted(sorted(g) for g in index_groups(shape, names, axes).tolist())
     assert got == want, (shape, axes)
-  assert lowering.replica_groups(None, ("x",)) is None
-  assert lowering.replica_groups(_ctx(), ("nope",)) is None
+  assert dispatch.replica_groups(None, ("x",)) is None
+  assert dispatch.replica_groups(_ctx(), ("nope",)) is None
 
 
 # --- the GPU-only branches: fake GPU devices, a fake extension ---------------------
@@ -459,7 +459,7 @@ def test_cuda_lowering_emits_ffi_call(monkeypatch):
                         algorithm=ONE_SHOT_LL, candidate=ONE_SHOT_LL,
                         comm_id=7, comm_key=4242)
 
-  monkeypatch.setattr(lowering, "decide", fast_on_cuda)
+  monkeypatch.setattr(dispatch, "decide", fast_on_cuda)
   text = _cuda_text(jax_llar.psum, x, mesh)
   assert "custom_call @jax_llar_all_reduce" in text
   assert "comm_id = 7" in text and "algorithm = 1" in text
@@ -532,7 +532,7 @@ def test_psum_of_several_operands_splits_fast_and_fallback(monkeypatch):
     return log.Decision(reason="size", detail="", axes=tuple(axes), dtype="float32",
                         bytes_per_rank=n, world_size=2)
 
-  monkeypatch.setattr(lowering, "decide", fast_for_8)
+  monkeypatch.setattr(dispatch, "decide", fast_for_8)
   f = jax.jit(jax.shard_map(lambda u, v: jax_llar.psum((u, v), "x"), mesh=mesh,
                             in_specs=(P("x"), P("x")), out_specs=(P(), P())))
   text = f.trace(a, b).lower(lowering_platforms=("cuda",)).as_text()

@@ -31,7 +31,7 @@ from jax._src.sharding_impls import SPMDAxisContext
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_llar
-from jax_llar import _ext, comm, config, lowering
+from jax_llar import _ext, comm, config, dispatch
 from jax_llar.algorithms import Algorithm
 from jax_llar.config import settings as llar_settings
 
@@ -297,7 +297,7 @@ def native(monkeypatch):
 
 def _gpu_decide():
   ctx = SPMDAxisContext(Mesh(np.array([_Gpu(i) for i in range(4)]).reshape(2, 2), ("a", "b")))
-  return lowering.decide(ctx, jax.core.ShapedArray((16,), np.dtype(np.float32)), ("b",),
+  return dispatch.decide(ctx, jax.core.ShapedArray((16,), np.dtype(np.float32)), ("b",),
                          platform="cuda")
 
 
@@ -342,7 +342,7 @@ def test_an_unexpected_error_of_the_set_is_a_fallback_too(native, monkeypatch):
   def broken(groups):
     raise ZeroDivisionError("a bug\nsecond line")
 
-  monkeypatch.setattr(lowering, "_comm_set", broken)
+  monkeypatch.setattr(comm, "for_groups", broken)
   d = _gpu_decide()
   assert d.reason == "communicator"
   assert "ZeroDivisionError: a bug" in d.detail and "second line" not in d.detail

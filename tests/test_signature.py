@@ -24,8 +24,8 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import jax_llar
-from jax_llar import algorithms, config, lowering, signature
-from jax_llar.status import decode_report
+from jax_llar import algorithms, config, dispatch, signature
+from jax_llar.reports import decode_report
 from jax_llar.algorithms import Algorithm
 from jax_llar.config import settings as llar_settings
 
@@ -117,7 +117,7 @@ def _signatures(text: str) -> list[int]:
 
 @pytest.fixture
 def fast_path(monkeypatch):
-  monkeypatch.setattr(lowering, "decide", _fast)
+  monkeypatch.setattr(dispatch, "decide", _fast)
   signature.clear()
   yield
   signature.clear()

@@ -25,7 +25,7 @@ from jax._src.sharding_impls import SPMDAxisContext
 from jax.sharding import PartitionSpec as P
 
 import jax_llar
-from jax_llar import lowering, tuning
+from jax_llar import dispatch, tuning
 from jax_llar.algorithms import Algorithm
 from jax_llar.config import settings as llar_settings
 from jax_llar.tools import jax_level, tune_plan as tune
@@ -230,7 +230,7 @@ def _decide(nbytes, ranks=4, dtype=np.float32, op="psum"):
   is what CUDA GPUs would run."""
   ctx = SPMDAxisContext(mesh_of((8 // ranks, ranks), ("a", "b")))
   aval = jax.core.ShapedArray((nbytes // np.dtype(dtype).itemsize,), np.dtype(dtype))
-  return lowering.decide(ctx, aval, ("b",), platform="cpu", op=op)
+  return dispatch.decide(ctx, aval, ("b",), platform="cpu", op=op)
 
 
 def _outcome(d):
