@@ -59,6 +59,7 @@ INTERNAL_MODULES = (
     "jax_llar.dispatch",
     "jax_llar.inputs",
     "jax_llar.reports",
+    "jax_llar.jsonfile",
     "jax_llar.comm",
 )
 

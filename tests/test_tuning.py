@@ -28,7 +28,7 @@ import jax_llar
 from jax_llar import dispatch, tuning
 from jax_llar.algorithms import Algorithm
 from jax_llar.config import settings as llar_settings
-from jax_llar.tools import jax_level, tune_plan as tune
+from jax_llar.tools import jax_level, tune_tables, tune_plan as tune
 
 from cpu_helpers import mesh_of, user_env
 
@@ -427,7 +427,7 @@ def _row(impl, nbytes, us, dtype="float32", world=2, correct=True, fast=True, **
 
 
 def _build(paths, **kw):
-  return tuning.build_tables(paths, command="test", **kw)
+  return tune_tables.build_tables(paths, command="test", **kw)
 
 
 def test_builder_rule_margin_dtypes_merging(tmp_path):
@@ -483,30 +483,30 @@ def test_builder_candidates_and_refusals(tmp_path):
   # A wrong result stops the build, whichever implementation it is.
   for bad in (_row("llar.one_shot_ll", 64, 4, correct=False),
               _row("lax.psum", 64, 20, correct=False)):
-    with pytest.raises(tuning.TuningBuildError, match="matched no reference"):
+    with pytest.raises(tune_tables.TuningBuildError, match="matched no reference"):
       _build([_results(tmp_path, [r for r in ok if r["impl"] != bad["impl"]] + [bad])])
-  with pytest.raises(tuning.TuningBuildError, match="has no lax.psum row"):
+  with pytest.raises(tune_tables.TuningBuildError, match="has no lax.psum row"):
     _build([_results(tmp_path, [_row("llar.one_shot_ll", 64, 4)])])
-  with pytest.raises(tuning.TuningBuildError, match="measured twice"):
+  with pytest.raises(tune_tables.TuningBuildError, match="measured twice"):
     _build([_results(tmp_path, ok, "a.json"), _results(tmp_path, ok, "b.json")])
-  with pytest.raises(tuning.TuningBuildError, match="not positive"):
+  with pytest.raises(tune_tables.TuningBuildError, match="not positive"):
     _build([_results(tmp_path, [_row("lax.psum", 64, 20),
                                 _row("llar.one_shot_ll", 64, -0.1)])])
-  with pytest.raises(tuning.TuningBuildError, match="no lax.psum or jax_llar rows"):
+  with pytest.raises(tune_tables.TuningBuildError, match="no lax.psum or jax_llar rows"):
     _build([_results(tmp_path, [_row("ffi.copy", 64, 1)])])
-  with pytest.raises(tuning.TuningBuildError, match="names no algorithm"):
+  with pytest.raises(tune_tables.TuningBuildError, match="names no algorithm"):
     _build([_results(tmp_path, [_row("lax.psum", 64, 20), _row("llar.nine", 64, 4)])])
-  with pytest.raises(tuning.TuningBuildError, match="margin"):
+  with pytest.raises(tune_tables.TuningBuildError, match="margin"):
     _build([_results(tmp_path, ok)], margin=1.0)
   # The architecture: recorded, given, contradicting, unknown.
-  with pytest.raises(tuning.TuningBuildError, match="contradicts"):
+  with pytest.raises(tune_tables.TuningBuildError, match="contradicts"):
     _build([_results(tmp_path, ok)], architecture="sm_100")
-  with pytest.raises(tuning.TuningBuildError, match="give the architecture"):
+  with pytest.raises(tune_tables.TuningBuildError, match="give the architecture"):
     _build([_results(tmp_path, ok, caps=None)])
   (t,) = _build([_results(tmp_path, ok, caps=None)], architecture="sm_100")
   assert t["architecture"] == "sm_100"
   assert "given on the command line" in t["provenance"]["architecture_from"]
-  with pytest.raises(tuning.TuningBuildError, match="several architectures"):
+  with pytest.raises(tune_tables.TuningBuildError, match="several architectures"):
     _build([_results(tmp_path, ok, "a.json"),
             _results(tmp_path, [_row("lax.psum", 128, 20)], "b.json",
                      caps=("10.0", "10.0"))])
@@ -527,7 +527,7 @@ def test_builder_chooses_an_unsigned_algorithm_only_when_allowed(tmp_path):
   (t,) = _build([path], allow_unsigned=True)
   assert t["rows"] == [{"max_bytes": 128, "algorithm": "one_shot_sentinel"}]
   assert "carry no call signature" not in t["provenance"]["note"]
-  assert tune.from_results_command([path], None, tuning.DEFAULT_MARGIN,
+  assert tune.from_results_command([path], None, tune_tables.DEFAULT_MARGIN,
                                         True).endswith(" --allow_unsigned")
 
 
@@ -637,7 +637,7 @@ def test_builder_chooses_ll128_only_with_cross_device_store_atomicity(tmp_path):
     assert why in t["provenance"]["note"], (why, t["provenance"]["note"])
   (t,) = _build([path], validated_by=[one_way, back, same_device])
   assert t["rows"] == [{"max_bytes": 64, "algorithm": "one_shot_ll128"}]
-  assert tune.from_results_command([path], None, tuning.DEFAULT_MARGIN, False,
+  assert tune.from_results_command([path], None, tune_tables.DEFAULT_MARGIN, False,
                                    [one_way, back]).endswith(
       f" --store_atomicity={one_way},{back}")
 
@@ -645,9 +645,9 @@ def test_builder_chooses_ll128_only_with_cross_device_store_atomicity(tmp_path):
 def test_builder_refuses_rows_without_their_fields_or_with_nan_times(tmp_path):
   row = _row("llar.one_shot_ll", 64, 4)
   del row["dtype"]
-  with pytest.raises(tuning.TuningBuildError, match="lacks dtype"):
+  with pytest.raises(tune_tables.TuningBuildError, match="lacks dtype"):
     _build([_results(tmp_path, [_row("lax.psum", 64, 20), row])])
-  with pytest.raises(tuning.TuningBuildError, match="not positive"):
+  with pytest.raises(tune_tables.TuningBuildError, match="not positive"):
     _build([_results(tmp_path, [_row("lax.psum", 64, 20),
                                 _row("llar.one_shot_ll", 64, float("nan"))])])
 

@@ -2,10 +2,10 @@
 23, item C), on CPU: one clear error, never a traceback, a hang or a
 RecursionError.
 
-Deeply nested JSON is refused before parsing (``tuning.MAX_JSON_DEPTH``, a
+Deeply nested JSON is refused before parsing (``jsonfile.MAX_JSON_DEPTH``, a
 scan that does not recurse); a directory, a FIFO or another file that is not
 regular is said to be one and never opened; result files whose members have
-the wrong JSON types are refused by ``tuning.build_tables`` with
+the wrong JSON types are refused by ``tune_tables.build_tables`` with
 ``TuningBuildError``, and ``python -m jax_llar.tools.tune --from_results``
 prints one line and exits with 1. Property tests: whatever JSON a table file
 or a result file holds, reading it raises nothing but ``TuningTableError`` /
@@ -29,7 +29,8 @@ from hypothesis import HealthCheck, given, settings as hyp_settings, strategies 
 from jax.sharding import PartitionSpec as P
 
 import jax_llar
-from jax_llar import tuning
+from jax_llar import jsonfile, tuning
+from jax_llar.tools import tune_tables
 from jax_llar.config import settings as llar_settings
 
 from cpu_helpers import mesh_of, user_env
@@ -105,7 +106,7 @@ def test_deep_nesting_is_a_tuning_table_error_not_a_recursion(tmp_path):
   with pytest.raises(tuning.TuningTableError) as e:
     tuning.load(path)
   assert str(e.value) == (f"jax_llar tuning table {path}: is not JSON that jax_llar reads: "
-                          f"its arrays and objects nest deeper than {tuning.MAX_JSON_DEPTH} "
+                          f"its arrays and objects nest deeper than {jsonfile.MAX_JSON_DEPTH} "
                           "levels")
   # Objects count as arrays do; brackets inside strings do not count.
   path.write_text('{"a": ' * 100 + "1" + "}" * 100)
@@ -115,7 +116,7 @@ def test_deep_nesting_is_a_tuning_table_error_not_a_recursion(tmp_path):
   path.write_text(json.dumps(_table(provenance=dict(PROVENANCE, note=note))))
   assert tuning.load(path).provenance["note"] == note
   # At the bound: read, and refused for what it is.
-  n = tuning.MAX_JSON_DEPTH
+  n = jsonfile.MAX_JSON_DEPTH
   path.write_text("[" * n + "]" * n)
   with pytest.raises(tuning.TuningTableError, match="not a JSON object"):
     tuning.load(path)
@@ -204,7 +205,7 @@ def test_a_directory_or_fifo_in_the_tuning_directory_is_reported(tmp_path):
 
 def test_a_file_replaced_by_a_fifo_after_the_check_does_not_block(tmp_path, monkeypatch):
   fifo = _fifo(tmp_path / "fifo.json")
-  monkeypatch.setattr(tuning, "_file_problem", lambda path: None)  # the check passed
+  monkeypatch.setattr(jsonfile, "problem", lambda path: None)  # the check passed
   out = _within(10, lambda: tuning.load(fifo), fifo)
   assert "a FIFO" in str(out.get("error")), out
 
@@ -251,8 +252,8 @@ BAD_RESULTS = [
                          ids=[m.split(",")[0][:40] for _, m in BAD_RESULTS])
 def test_a_bad_result_file_is_a_build_error_naming_it(tmp_path, content, message):
   path = _results_file(tmp_path, content if content is not None else "null")
-  with pytest.raises(tuning.TuningBuildError) as e:
-    tuning.build_tables([path], command="test")
+  with pytest.raises(tune_tables.TuningBuildError) as e:
+    tune_tables.build_tables([path], command="test")
   assert str(e.value).startswith(f"{path}: "), str(e.value)
   assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
 
@@ -264,17 +265,17 @@ def test_result_files_that_are_not_regular_files(tmp_path):
   for path, what in ((folder, "is a directory, not a file"),
                      (fifo, "is not a regular file (a FIFO, a named pipe)"),
                      (tmp_path / "missing.json", "does not exist")):
-    out = _within(10, lambda p=path: tuning.build_tables([str(p)], command="test"), fifo)
-    assert isinstance(out.get("error"), tuning.TuningBuildError), out
+    out = _within(10, lambda p=path: tune_tables.build_tables([str(p)], command="test"), fifo)
+    assert isinstance(out.get("error"), tune_tables.TuningBuildError), out
     assert str(out["error"]) == f"{path}: {what}"
-    out = _within(10, lambda p=path: tuning.store_atomicity_validation([str(p)]), fifo)
+    out = _within(10, lambda p=path: tune_tables.store_atomicity_validation([str(p)]), fifo)
     assert str(out.get("error")) == f"{path}: {what}", out
 
 
 def test_the_good_results_build_and_record_their_digest(tmp_path):
   import hashlib  # pylint: disable=g-import-not-at-top
   path = _results_file(tmp_path, GOOD_RESULTS)
-  (t,) = tuning.build_tables([path], command="test")
+  (t,) = tune_tables.build_tables([path], command="test")
   assert t["rows"] == [{"max_bytes": 64, "algorithm": "one_shot_ll"}]
   digest = hashlib.sha256(pathlib.Path(path).read_bytes()).hexdigest()
   assert t["provenance"]["results_sha256"] == [digest]
@@ -291,8 +292,8 @@ def test_the_good_results_build_and_record_their_digest(tmp_path):
 def test_store_atomicity_records_of_the_wrong_shape(tmp_path, record, why):
   path = _results_file(tmp_path, record)
   try:
-    reason = tuning.store_atomicity_validation([path])
-  except tuning.TuningBuildError as e:
+    reason = tune_tables.store_atomicity_validation([path])
+  except tune_tables.TuningBuildError as e:
     reason = str(e)
   assert why in reason and path in reason
 
@@ -385,8 +386,8 @@ def test_build_tables_raises_nothing_but_its_build_error(results, architecture):
   with tempfile.TemporaryDirectory() as d:
     paths = [_results_file(d, json.dumps(r), f"r{i}.json") for i, r in enumerate(results)]
     try:
-      tables = tuning.build_tables(paths, command="test", architecture=architecture)
-    except tuning.TuningBuildError as e:
+      tables = tune_tables.build_tables(paths, command="test", architecture=architecture)
+    except tune_tables.TuningBuildError as e:
       assert "\n" not in str(e)
       return
   for t in tables:

@@ -22,7 +22,7 @@ import pytest
 
 from jax_llar import algorithms, config, policy, testing, tuning
 from jax_llar.algorithms import Algorithm
-from jax_llar.tools import kernel_level
+from jax_llar.tools import kernel_level, tune_tables
 from jax_llar.tools import loopback_harness as lh
 
 from cpu_helpers import user_env
@@ -373,15 +373,15 @@ def test_the_builder_leaves_its_rows_out(tmp_path):
       rows += [_row("lax.psum", size, 20, dt), _row("llar.one_shot_ll", size, 10, dt),
                _row("llar.two_shot_ll128_atomic", size, 1, dt, correct=False,
                     algorithm="two_shot_ll128_atomic")]
-  (t,) = tuning.build_tables([_results(tmp_path, rows)], command="test")
+  (t,) = tune_tables.build_tables([_results(tmp_path, rows)], command="test")
   assert t["rows"] == [{"max_bytes": 4096, "algorithm": "one_shot_ll"}]
   assert "two_shot_ll128_atomic" not in t["provenance"]["measured"]["implementations"]
   assert "Rows of two_shot_ll128_atomic were left out: not deterministic" in (
       t["provenance"]["note"])
   # Only its rows: nothing to build.
   only = [r for r in rows if r["impl"] != "llar.one_shot_ll" and r["impl"] != "lax.psum"]
-  with pytest.raises(tuning.TuningBuildError, match="no lax.psum or jax_llar rows"):
-    tuning.build_tables([_results(tmp_path, only, "only.json")], command="test")
+  with pytest.raises(tune_tables.TuningBuildError, match="no lax.psum or jax_llar rows"):
+    tune_tables.build_tables([_results(tmp_path, only, "only.json")], command="test")
 
 
 def test_tune_neither_measures_nor_accepts_it(tmp_path):

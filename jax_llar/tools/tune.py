@@ -17,7 +17,7 @@ chains are shortened in proportion to the size (at least 16 and 2 steps), so
 that a 64 MiB step does not take as long as 256 thousand small ones.
 
 Then, per number of ranks, it builds a table by the rule of
-jax_llar.tuning.RULE: per size the fastest algorithm replaces lax.psum only
+jax_llar.tools.tune_tables.RULE: per size the fastest algorithm replaces lax.psum only
 when it beats lax.psum by --margin for every dtype; neighbouring sizes with
 the same choice merge into one row; sizes above the last row go to
 lax.psum. A row whose output matched no reference stops the build (the
@@ -56,7 +56,7 @@ from absl import flags
 from jax_llar import tuning
 from jax_llar.algorithms import MAX_BYTES, MAX_RANKS, NON_DETERMINISTIC, Algorithm
 from jax_llar.config import settings
-from jax_llar.tools import _cli, host, progress, report
+from jax_llar.tools import _cli, host, progress, report, tune_tables
 from jax_llar.tools.tune_plan import (AUTO, chain_lengths, default_ranks, default_sizes,
                                       fastest, from_results_command, verdicts)
 
@@ -105,7 +105,7 @@ CALLS = flags.DEFINE_integer("calls", 60,
                              lower_bound=1)
 ROUNDS = flags.DEFINE_integer("rounds", 6, "Interleaved timing rounds.", lower_bound=1)
 MARGIN = flags.DEFINE_float(
-    "margin", tuning.DEFAULT_MARGIN,
+    "margin", tune_tables.DEFAULT_MARGIN,
     "How much faster than lax.psum (a fraction) an algorithm must be at a size, "
     "for every dtype, to replace it there.", lower_bound=0.0, upper_bound=0.99)
 SEED = flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
@@ -296,10 +296,10 @@ def measure() -> int:
   print(f"saved {', '.join(paths)}")
   command = " ".join(["python -m jax_llar.tools.tune"] + sys.argv[1:])
   try:
-    tables = tuning.build_tables([paths[0]], command=command, margin=MARGIN.value,
+    tables = tune_tables.build_tables([paths[0]], command=command, margin=MARGIN.value,
                                  allow_unsigned=ALLOW_UNSIGNED.value,
                                  validated_by=STORE_ATOMICITY.value)
-  except (tuning.TuningBuildError, OSError, ValueError) as e:
+  except (tune_tables.TuningBuildError, OSError, ValueError) as e:
     print(f"jax_llar.tools.tune: no table written: {e}")
     return 1
   write_tables(tables)
@@ -380,8 +380,8 @@ def main() -> int:
             + (f" ({why})" if why else ""))
       return 1
     try:
-      rows = tuning.read_results(VERIFY_FROM.value).get("rows")
-    except tuning.TuningBuildError as e:
+      rows = tune_tables.read_results(VERIFY_FROM.value).get("rows")
+    except tune_tables.TuningBuildError as e:
       print(f"jax_llar.tools.tune: --verify_from: {e}")
       return 1
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
@@ -396,13 +396,13 @@ def main() -> int:
             f"without empty entries), got {','.join(paths)!r}")
       return 1
     try:
-      tables = tuning.build_tables(
+      tables = tune_tables.build_tables(
           paths, command=from_results_command(paths, ARCHITECTURE.value, MARGIN.value,
                                               ALLOW_UNSIGNED.value, STORE_ATOMICITY.value),
           architecture=ARCHITECTURE.value, margin=MARGIN.value,
           allow_unsigned=ALLOW_UNSIGNED.value, validated_by=STORE_ATOMICITY.value)
       write_tables(tables)
-    except (tuning.TuningBuildError, OSError, ValueError) as e:
+    except (tune_tables.TuningBuildError, OSError, ValueError) as e:
       # TuningBuildError: the result files (unreadable, not a regular file,
       # not JSON, too deeply nested, members of the wrong JSON type) or what
       # they measured; OSError: the tables' folder.

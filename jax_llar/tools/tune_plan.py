@@ -5,7 +5,7 @@ the command)."""
 
 from __future__ import annotations
 
-from jax_llar import tuning
+from jax_llar.tools import tune_tables
 from jax_llar.algorithms import MAX_RANKS
 
 
@@ -49,7 +49,7 @@ def from_results_command(paths, architecture: str | None, margin: float,
   cmd = f"python -m jax_llar.tools.tune --from_results={','.join(paths)}"
   if architecture:
     cmd += f" --architecture={architecture}"
-  if margin != tuning.DEFAULT_MARGIN:
+  if margin != tune_tables.DEFAULT_MARGIN:
     cmd += f" --margin={margin}"
   if allow_unsigned:
     cmd += " --allow_unsigned"
