@@ -118,5 +118,11 @@ def test_sol_compares_every_all_reduce_of_a_kernel_file(tmp_path):
       ("llar.one_shot_ll", 1.5), ("llar.two_shot_ll", 3.5), ("nccl.allreduce", 9.0)]
   assert "64 B" in got[0][2] and "4096 B" in got[1][2]
   assert sol.kernel_figures(2.5, None) == [("llar.one_shot_ll", 2.5, "--kernel_us")]
-  assert sol.kernel_figures(None, str(tmp_path / "missing.json")) == []
+  # A missing or unreadable file is refused before the probes run (issue 23).
+  from jax_llar.tools import _cli  # pylint: disable=g-import-not-at-top
+  with pytest.raises(_cli.Refused, match="no such file"):
+    sol.kernel_figures(None, str(tmp_path / "missing.json"))
+  (tmp_path / "bad.json").write_text("{not json")
+  with pytest.raises(_cli.Refused, match="not a readable JSON file"):
+    sol.kernel_figures(None, str(tmp_path / "bad.json"))
   assert sol.kernel_figures(None, None) == []

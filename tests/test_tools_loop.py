@@ -56,6 +56,27 @@ def test_cpu_loop_level_bench_exits_0_with_every_row_correct(tmp_path):
       "matplotlib is not installed" in p.stderr
 
 
+def test_cpu_loop_level_at_four_ranks_checks_lax_psum_by_its_own_sums(tmp_path):
+  """Issue 23: above two ranks lax.psum's rows are checked against JAX's own
+  one-step sums (its promise), jax_llar's against the lax.psum program; the
+  run exits 0 with every row correct. The bench forces --world CPU devices."""
+  cmd = [sys.executable, "-m", "jax_llar.tools.bench", "--level=loop", "--world=4",
+         "--sizes=256", "--dtypes=bf16,f32", "--structures=chain,scan_unroll8,jit_step",
+         "--impls=lax.psum,llar.auto", "--k_short=8", "--k_long=16", "--calls=2",
+         "--rounds=1", f"--out={tmp_path}"]
+  p = subprocess.run(cmd, env=user_env(), capture_output=True, text=True, timeout=300)
+  assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+  (path,) = tmp_path.glob("*-loop.json")
+  rows = json.loads(path.read_text())["rows"]
+  assert len(rows) == 3 * 2 * 2
+  for r in rows:
+    assert r["world_size"] == 4 and r["correct"] is True, r
+    if r["impl"] == "lax.psum":
+      assert r["reference"].startswith("psum_"), r
+    else:
+      assert r["reference"] == jax_level.LAX_PSUM, r
+
+
 @pytest.mark.parametrize("structure", loop_level.STRUCTURES)
 def test_every_structure_does_k_steps(structure):
   """In process: each structure's 16-step program matches the rounded model
@@ -96,6 +117,10 @@ def test_per_trip_excess_model_rounds_at_trip_boundaries():
   assert loop_level.references_for("none", "scan", "gpu", None) == (
       "rounded", "excess_f32", loop_level.EXCESS_PER_TRIP)
   assert loop_level.references_for("ffi.copy", "scan", "gpu", None) == ("rounded",)
+  assert loop_level.references_for("lax.psum", "scan", "cpu", None) == (
+      "psum_rounded", "psum_excess_f32", loop_level.PSUM_EXCESS_PER_TRIP)
+  assert loop_level.references_for("lax.psum", "chain", "gpu", None) == (
+      "psum_rounded", "psum_excess_f32")
 
 
 def test_every_flag_set_is_accepted_by_jaxlib():

@@ -26,11 +26,22 @@ back-to-back calls of each kernel in one CUDA graph per rank, all ranks
 launched together; per call, the maximum over ranks.
 
 Every row is checked bitwise against a reference on random data before it
-is timed (the table says which reference each matched); the exit status is
-1 when a row's result equals none of its references. Without a GPU the copy
-call lowers to nothing, so its rows measure the multiplies alone. Results go
-to OUT/<machine>-<yyyymmdd>-<level><tag>.json (and .png with matplotlib; a
-second run of the same name gets a -2, -3, ... suffix).
+is timed (the table says which reference each matched): jax_llar and the
+copy call against the rank order, lax.psum against its own one-step sums
+(jax_llar.tools.jax_level); the exit status is 1 when a row's result equals
+none of its references. Without a GPU the copy call lowers to nothing, so
+its rows measure the multiplies alone. Results go to
+OUT/<machine>-<yyyymmdd>-<level><tag>.json (and .png with matplotlib; a
+second run of the same name gets a -2, -3, ... suffix), written atomically.
+
+The command line is checked before any work, and a run refused in one line
+with exit status 1: every size must be 1 B to 256 MiB per rank and a whole
+number of elements of every dtype asked for (3 B of float32 is refused, not
+rounded); --world 0 (every device) or 2-16, and no more than the devices
+present (on CPU the forced device count follows --world); the output folder
+must be creatable and writable (it is created, and a temporary file written
+in it); --tag a file-name part; the levels that need GPUs say so when there
+are too few.
 The method: benchmarks/METHOD.md in the repository.
 """
 
@@ -38,16 +49,28 @@ from __future__ import annotations
 
 from absl import flags
 
+import re
+
+from jax_llar.algorithms import MAX_RANKS
 from jax_llar.tools import _cli, _native, host, jax_level, kernel_level, loop_level, report
 
 _ALL_IMPLS = jax_level.IMPLS + jax_level.DIAG_IMPLS
+PROG = "jax_llar.tools.bench"
+# Bounds of the integer flags (a run beyond them is not a benchmark anyone
+# waits for).
+MAX_STEPS = 16384
+MAX_CALLS = 1_000_000
+MAX_ROUNDS = 1000
+MAX_KERNEL_ITERS = 100_000
+MAX_FLAG_TIMEOUT_S = 86_400
 
 LEVEL = flags.DEFINE_enum("level", "jax", ["jax", "loop", "kernel"],
                           "jax: jitted shard_map chains (slope method); loop: the "
                           "same step in each loop structure; kernel: CUDA graphs of "
                           "back-to-back kernel calls, without XLA.")
 SIZES = flags.DEFINE_list("sizes", [str(s) for s in jax_level.DEFAULT_SIZES],
-                          "Payload sizes, bytes per rank.")
+                          f"Payload sizes, bytes per rank: 1 to {jax_level.MAX_SIZE} "
+                          "(256 MiB), each a whole number of elements of every dtype.")
 DTYPES = flags.DEFINE_list("dtypes", ["f32", "bf16"],
                            "Element types: f32, bf16, f16 (or float32, bfloat16, float16).")
 IMPLS = flags.DEFINE_list(
@@ -60,29 +83,35 @@ STRUCTURES = flags.DEFINE_list(
     "structures", list(loop_level.STRUCTURES),
     "Loop structures to run (loop level).")
 K_SHORT = flags.DEFINE_integer("k_short", 32, "Short chain length, steps (jax level).",
-                               lower_bound=1)
+                               lower_bound=1, upper_bound=MAX_STEPS - 1)
 K_LONG = flags.DEFINE_integer("k_long", 512, "Long chain length, steps (jax level).",
-                              lower_bound=2)
+                              lower_bound=2, upper_bound=MAX_STEPS)
 CALLS = flags.DEFINE_integer("calls", 120,
                              "Timed calls per chain length and implementation (jax level).",
-                             lower_bound=1)
+                             lower_bound=1, upper_bound=MAX_CALLS)
 ROUNDS = flags.DEFINE_integer("rounds", 6,
                               "Interleaved timing rounds (jax level) or graph replays "
-                              "(kernel level).", lower_bound=1)
+                              "(kernel level).", lower_bound=1, upper_bound=MAX_ROUNDS)
 KERNEL_ITERS = flags.DEFINE_integer("kernel_iters", 1000,
                                     "Calls captured per CUDA graph (kernel level; NCCL "
-                                    f"uses {kernel_level.NCCL_ITERS}).", lower_bound=1)
-WORLD = flags.DEFINE_integer("world", 0, "Devices to use (0: all).", lower_bound=0)
-SEED = flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
+                                    f"uses {kernel_level.NCCL_ITERS}).", lower_bound=1,
+                                    upper_bound=MAX_KERNEL_ITERS)
+WORLD = flags.DEFINE_integer("world", 0, f"Devices to use: 0 (all) or 2-{MAX_RANKS}, at "
+                             "most the devices present.", lower_bound=0,
+                             upper_bound=MAX_RANKS)
+SEED = flags.DEFINE_integer("seed", 0, f"Seed of the random inputs {_cli.SEED_RANGE}.",
+                            **_cli.SEED_BOUNDS)
 TIMELINE_MAX_BYTES = flags.DEFINE_integer(
     "timeline_max_bytes", 4096,
     "On GPUs, also read the per-step device period from a profiler trace at "
-    "sizes up to this many bytes per rank (jax level; not for lax.psum).", lower_bound=0)
+    "sizes up to this many bytes per rank (jax level; not for lax.psum).", lower_bound=0,
+    upper_bound=jax_level.MAX_SIZE)
 ANATOMY_BYTES = flags.DEFINE_integer(
     "anatomy_bytes", 0,
     "On GPUs, also split the wall time of a call into host time before the "
     "first all-reduce kernel, device time and host time after, from the "
-    "kernels' call trace, at this size per rank (jax level; 0: off).", lower_bound=0)
+    "kernels' call trace, at this size per rank (jax level; 0: off).", lower_bound=0,
+    upper_bound=jax_level.MAX_SIZE)
 PSUM_FLAGS = flags.DEFINE_bool(
     "psum_flags", False,
     "Also time lax.psum under XLA flags that target small all-reduces, each "
@@ -90,7 +119,7 @@ PSUM_FLAGS = flags.DEFINE_bool(
     "; ".join(jax_level.PSUM_FLAGS) + " (or those given with --psum_flag).")
 PSUM_FLAG = flags.DEFINE_multi_string(
     "psum_flag", None,
-    "An XLA flag for --psum_flags in place of the default set")
+    "An XLA flag (--xla_...) for --psum_flags in place of the default set")
 LOOP_FLAGS = flags.DEFINE_bool(
     "loop_flags", False,
     "Also run the loop level under each XLA flag set, each in its own "
@@ -102,26 +131,51 @@ LOOP_FLAG_SET = flags.DEFINE_multi_enum(
     "A flag set for --loop_flags in place of all of them.")
 FLAG_TIMEOUT = flags.DEFINE_integer("flag_timeout", 600,
                                     "Seconds allowed per --psum_flags or --loop_flags "
-                                    "subprocess.", lower_bound=1)
+                                    "subprocess.", lower_bound=1,
+                                    upper_bound=MAX_FLAG_TIMEOUT_S)
 OUT = flags.DEFINE_string(
     "out", report.default_out_dir(),
     report.OUT_HELP)
-TAG = flags.DEFINE_string("tag", "", "Suffix of the result file names.")
+TAG = flags.DEFINE_string("tag", "", f"Suffix of the result file names: {_cli.TAG_RULE}.")
 
+_cli.register_int_list_validator("sizes", 1, jax_level.MAX_SIZE, "sizes in bytes per rank")
+_cli.register_choices_validator(
+    "dtypes", list(jax_level.DTYPES),
+    what="f32, bf16 or f16 (or float32, bfloat16, float16)")
+_cli.register_tag_validator()
 flags.register_validator(
-    "sizes", lambda v: all(s.isdigit() and int(s) > 0 for s in v),
-    "--sizes must be positive integers (bytes per rank)")
-flags.register_validator(
-    "dtypes", lambda v: bool(v) and all(d in jax_level.DTYPES for d in v),
-    "--dtypes must name f32, bf16 or f16 (or float32, bfloat16, float16)")
+    "psum_flag", lambda v: v is None or all(re.fullmatch(r"--xla_\w+(=\S*)?", f) for f in v),
+    "--psum_flag must be one XLA flag, --xla_NAME or --xla_NAME=VALUE")
 
 
-@flags.multi_flags_validator(["level", "impls"],
-                             message="--impls names an implementation the level does not have")
+@flags.multi_flags_validator(
+    ["level", "impls"],
+    message="--impls must name one or more of the level's implementations (--help lists them)")
 def _impls_known(v) -> bool:
   known = {"jax": _ALL_IMPLS, "loop": loop_level.IMPLS}.get(
       v["level"], tuple(kernel_level.KERNEL_IMPLS))
-  return v["impls"] is None or all(i in known for i in v["impls"])
+  return v["impls"] is None or (bool(v["impls"]) and all(i in known for i in v["impls"]))
+
+
+flags.register_validator(
+    "world", lambda v: v != 1,
+    f"--world must be 0 (every device) or 2-{MAX_RANKS}: an all-reduce needs 2+ devices")
+
+
+@flags.multi_flags_validator(["level", "sizes", "dtypes"],
+                             message="--sizes must be whole numbers of elements of every "
+                                     "dtype (2 bytes for bf16 and f16, 4 for f32): no size "
+                                     "is rounded")
+def _whole_elements(v) -> bool:
+  dtypes = v["dtypes"]
+  if v["level"] == "loop" and not flags.FLAGS["dtypes"].present:
+    dtypes = loop_level.DEFAULT_DTYPES
+  try:
+    sizes = [int(x) for x in v["sizes"]]
+    widths = [jax_level.DTYPES[d].itemsize for d in dtypes]
+  except (KeyError, ValueError, TypeError):
+    return True  # refused by the flags' own validators
+  return all(n % w == 0 for n in sizes for w in widths)
 
 
 @flags.multi_flags_validator(["k_short", "k_long"],
@@ -164,29 +218,60 @@ def _loop_settings() -> loop_level.Settings:
       seed=SEED.value, flag_sets=flag_sets, flag_timeout_s=FLAG_TIMEOUT.value)
 
 
+def _check_copy_call(impls) -> None:
+  """On GPUs the copy calls (ffi.copy, diag.ffi_copy_wide) are the native
+  tools module's kernels: refuses the run before any measurement when the
+  module cannot be loaded (its lowering would fail midway, after the rows
+  before it were measured).
+
+  Raises:
+    _cli.Refused: naming the copy impls and the reason.
+  """
+  import jax
+  copies = [i for i in impls if i in jax_level.COPY_IMPLS]
+  if copies and jax.devices()[0].platform == "gpu" and _native.load() is None:
+    raise _cli.Refused(f"{', '.join(copies)} on GPUs needs the native tools module: "
+                       f"{_native.reason()} (--impls without {', '.join(copies)} runs "
+                       "the others)")
+
+
 def main() -> int:
-  sizes = tuple(int(s) for s in SIZES.value)
-  dtypes = tuple(DTYPES.value)
-  if LEVEL.value in ("jax", "loop") and not host.gpu_present():
-    changed = host.use_cpu(2)
+  level = LEVEL.value
+  if level == "loop":
+    settings = _loop_settings()
+    sizes, dtypes = settings.sizes, settings.dtypes
+  else:
+    sizes, dtypes = tuple(int(s) for s in SIZES.value), tuple(DTYPES.value)
+  errors = jax_level.settings_errors(sizes, dtypes, WORLD.value, MAX_RANKS)
+  if errors:  # the flags' validators refuse these first: a backstop
+    raise _cli.Refused("; ".join(errors))
+  if level == "loop" and settings.k_long <= settings.k_short:
+    raise _cli.Refused("--k_long must be larger than --k_short")
+  out_dir = _cli.writable_folder(OUT.value)
+  if level in ("jax", "loop") and not host.gpu_present():
+    changed = host.use_cpu(max(2, WORLD.value))
     if changed:
-      print("jax_llar.tools.bench: no GPU here; running on forced CPU devices ("
+      print(f"{PROG}: no GPU here; running on forced CPU devices ("
             + ", ".join(changed) + ")", flush=True)
-  if LEVEL.value == "kernel":
+  if level == "kernel":
     if _native.load() is None:
-      print(f"jax_llar.tools.bench: the kernel level needs 2+ CUDA GPUs and the CUDA "
-            f"extension: {_native.reason()}")
-      return 1
+      raise _cli.Refused(f"the kernel level needs 2+ CUDA GPUs and the CUDA "
+                         f"extension: {_native.reason()}")
+    host.devices_for("the kernel level", WORLD.value, cuda=True)
     result = kernel_level.run(kernel_level.Settings(
         impls=tuple(IMPLS.value or kernel_level.KERNEL_IMPLS), sizes=sizes, dtypes=dtypes,
         iters=KERNEL_ITERS.value, reps=ROUNDS.value, world=WORLD.value, seed=SEED.value))
-  elif LEVEL.value == "loop":
-    settings = _loop_settings()
-    if settings.k_long <= settings.k_short:
-      print("jax_llar.tools.bench: --k_long must be larger than --k_short")
-      return 1
+  elif level == "loop":
+    host.devices_for("the loop level", WORLD.value)
+    _check_copy_call(settings.impls)
     result = loop_level.run(settings)
   else:
+    host.devices_for("the JAX level", WORLD.value)
+    _check_copy_call(IMPLS.value or jax_level.IMPLS)
+    mod = _native.load() if ANATOMY_BYTES.value and host.gpu_present() else None
+    if mod is not None and K_LONG.value > mod.TRACE_SLOTS:
+      raise _cli.Refused(f"--anatomy_bytes needs --k_long <= {mod.TRACE_SLOTS} (the call "
+                         "trace's slots)")
     result = jax_level.run(jax_level.Settings(
         impls=tuple(IMPLS.value or jax_level.IMPLS), sizes=sizes, dtypes=dtypes,
         k_short=K_SHORT.value, k_long=K_LONG.value, calls=CALLS.value,
@@ -194,11 +279,11 @@ def main() -> int:
         timeline_max_bytes=TIMELINE_MAX_BYTES.value, anatomy_bytes=ANATOMY_BYTES.value,
         psum_flags=tuple(PSUM_FLAG.value or jax_level.PSUM_FLAGS) if PSUM_FLAGS.value else (),
         flag_timeout_s=FLAG_TIMEOUT.value))
-  paths = report.save(result, OUT.value, report.stem(LEVEL.value, TAG.value),
+  paths = report.save(result, out_dir, report.stem(level, TAG.value),
                       plot_title=report.machine_name())
-  if LEVEL.value == "jax":
+  if level == "jax":
     report.print_jax_table(result["rows"])
-  elif LEVEL.value == "loop":
+  elif level == "loop":
     report.print_loop_table(result["rows"], result.get("flag_sets", {}))
   print(f"saved {', '.join(paths)}")
   bad = [r for r in result["rows"] if not r["correct"]]

@@ -25,6 +25,59 @@ def gpu_present() -> bool:
   return nodes and os.environ.get("JAX_PLATFORMS", "") in ("", "cuda", "gpu")
 
 
+def gpu_count() -> int:
+  """The NVIDIA GPUs a process started here may see, without starting CUDA
+  (a tool whose work runs in child processes decides with it before it
+  starts them; JAX itself may still see fewer, and says why).
+
+  The device nodes ``/dev/nvidia<N>``; with ``CUDA_VISIBLE_DEVICES`` set, at
+  most its entries up to the first invalid one (as CUDA reads it: ``-1``
+  or an empty value hides every GPU); 0 where `gpu_present` is False.
+  """
+  if not gpu_present():
+    return 0
+  nodes = sum(1 for name in os.listdir("/dev")
+              if name.startswith("nvidia") and name[6:].isdigit())
+  visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+  if visible is None:
+    return nodes
+  count = 0
+  for entry in visible.split(","):
+    entry = entry.strip()
+    if not entry or entry.startswith("-"):
+      break
+    count += 1
+  return min(count, nodes)
+
+
+def devices_for(what: str, world: int = 0, cuda: bool = False) -> int:
+  """The devices JAX gives this process, for a tool about to run `what` (an
+  all-reduce over `world` of them; 0: all): their number, or the tool's one
+  line of refusal. Starts JAX's backends.
+
+  Raises:
+    jax_llar.tools._cli.Refused: with fewer than 2 devices (or, with `cuda`,
+      fewer than 2 CUDA GPUs), saying what `what` needs and what is here; or
+      with a `world` above the devices present.
+  """
+  import jax
+  from jax_llar.tools._cli import Refused
+  devices = jax.devices()
+  platform = devices[0].platform
+  here = (f"{len(devices)} {'GPU' if platform == 'gpu' else platform.upper()} "
+          f"device{'s' if len(devices) != 1 else ''}")
+  if cuda and (platform != "gpu" or len(devices) < 2):
+    raise Refused(f"{what} needs 2+ CUDA GPUs; this machine has {here}")
+  if len(devices) < 2:
+    hint = (" (JAX_PLATFORMS=cpu runs it on forced CPU devices)" if platform == "gpu"
+            else "")
+    raise Refused(f"{what} needs 2+ devices for an all-reduce; this machine has "
+                  f"{here}{hint}")
+  if world > len(devices):
+    raise Refused(f"--world={world}: this machine has {here}")
+  return world or len(devices)
+
+
 def force_host_devices(n: int) -> bool:
   """Asks XLA for `n` CPU devices through ``XLA_FLAGS``.
 

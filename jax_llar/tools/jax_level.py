@@ -25,8 +25,25 @@ Correctness: before timing, every configuration runs its short chain once
 on random data and the output is compared bitwise with a reference that
 models what the compiled program is allowed to do (`REFERENCES`, chosen per
 row by `references_for`); the row records ``correct`` and ``reference``, the
-name of the reference it matched (None when none did). The method is
-described in benchmarks/METHOD.md in the repository.
+name of the reference it matched (None when none did). Each implementation
+is held to what it promises:
+
+  jax_llar on its fast path, and the copy calls: the rank order, every
+      step's sum the float64 rank-order sum rounded once
+      (`jax_llar.testing.rank_order_sum`), bitwise.
+  jax_llar that fell back to lax.psum: bitwise the lax.psum chain's output
+      on the same inputs.
+  lax.psum: bitwise the chain computed step by step on the host with every
+      step's sum JAX's own, from a separate one-step lax.psum program run on
+      that step's values in the same run (`psum_sums`). lax.psum promises no
+      summation order (above two ranks XLA's CPU backend adds in float32,
+      NCCL in its ring's order), so the rank-order model is not its
+      contract; what is checked is that the chain applies the all-reduce and
+      the multiplies K times as modelled, with the sums the same all-reduce
+      gives. A wrong chain (a step lost, a wrong factor, a wrong sum) matches
+      no reference.
+
+The method is described in benchmarks/METHOD.md in the repository.
 """
 
 from __future__ import annotations
@@ -78,7 +95,19 @@ DEFAULT_SIZES = (64, 256, 1024, 4096, 16384, 65536, 262144)
 ROUNDED = "rounded"
 EXCESS_F32 = "excess_f32"
 LAX_PSUM = "lax.psum"
-REFERENCES = (ROUNDED, EXCESS_F32, LAX_PSUM)
+# The same two models with every step's sum JAX's own (a one-step lax.psum
+# run in the same process: `psum_sums`): lax.psum's references.
+PSUM_ROUNDED = "psum_rounded"
+PSUM_EXCESS_F32 = "psum_excess_f32"
+REFERENCES = (ROUNDED, EXCESS_F32, LAX_PSUM, PSUM_ROUNDED, PSUM_EXCESS_F32)
+# The models whose sums are JAX's (they need a `psum_sums` function).
+PSUM_MODELS = {PSUM_ROUNDED: ROUNDED, PSUM_EXCESS_F32: EXCESS_F32}
+# The largest payload per rank a run may ask for, bytes.
+MAX_SIZE = 1 << 28
+
+# A function from the ranks' values (one array per rank, one dtype and
+# shape) to every rank's lax.psum of them, in rank order.
+SumFn = Callable[[Sequence[np.ndarray]], Sequence[np.ndarray]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +142,35 @@ class Settings:
   anatomy_bytes: int = 0
   psum_flags: tuple[str, ...] = ()
   flag_timeout_s: int = 600
+
+
+def settings_errors(sizes: Sequence[int], dtypes: Sequence[str], world: int,
+                    devices: int) -> list[str]:
+  """What is wrong with a run's sizes, dtypes and world on `devices`
+  devices, one sentence each (empty when nothing is): sizes must be 1 to
+  MAX_SIZE bytes per rank and a whole number of elements of every dtype
+  (no size is rounded), dtypes keys of `DTYPES`, the world 0 (every
+  device) or 2 up to the devices present."""
+  errors = []
+  if not sizes:
+    errors.append("no sizes given")
+  bad = [n for n in sizes if not 1 <= n <= MAX_SIZE]
+  if bad:
+    errors.append(f"sizes must be 1 to {MAX_SIZE} bytes per rank: {bad[0]}")
+  unknown = [d for d in dtypes if d not in DTYPES]
+  if not dtypes or unknown:
+    errors.append(f"dtypes must be among {', '.join(DTYPES)}: {list(dtypes)}")
+  for d in dtypes:
+    if d in DTYPES:
+      odd = [n for n in sizes if n % DTYPES[d].itemsize]
+      if odd:
+        errors.append(f"{odd[0]} bytes per rank is not a whole number of {DTYPES[d]} "
+                      f"elements ({DTYPES[d].itemsize} bytes each)")
+  if world == 1 or world < 0:
+    errors.append(f"world {world}: an all-reduce needs 2 or more devices (0: all)")
+  elif world > devices:
+    errors.append(f"world {world}: only {devices} devices here")
+  return errors
 
 
 def flag_impl(flag: str) -> str:
@@ -160,8 +218,29 @@ def chain(impl: str, mesh: Mesh, k: int, dtype):
                                out_specs=P("x"), check_vma=False))
 
 
+def psum_sums(mesh: Mesh) -> SumFn:
+  """JAX's own all-reduce on `mesh` (axis ``x``), one step at a time: a
+  function from the ranks' values (rank r's array at position r) to each
+  rank's ``lax.psum`` of them, computed by a separate jitted one-step
+  shard_map program on the mesh's devices (compiled once per dtype and
+  shape)."""
+  world = mesh.size
+  sharding = NamedSharding(mesh, P("x"))
+  one_step = jax.jit(jax.shard_map(lambda v: lax.psum(v, "x"), mesh=mesh,
+                                   in_specs=P("x"), out_specs=P("x"), check_vma=False))
+
+  def sums(xs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    assert len(xs) == world, (len(xs), world)
+    n = np.shape(xs[0])[0]
+    out = np.asarray(one_step(jax.device_put(np.concatenate(xs), sharding)))
+    return list(out.reshape(world, n))
+
+  return sums
+
+
 def simulate(impl: str, inputs: Sequence[np.ndarray], k: int, dtype,
-             model: str = ROUNDED) -> list[np.ndarray] | None:
+             model: str = ROUNDED,
+             sums: SumFn | None = None) -> list[np.ndarray] | None:
   """Host model of `chain`'s output per rank.
 
   Models:
@@ -181,6 +260,10 @@ def simulate(impl: str, inputs: Sequence[np.ndarray], k: int, dtype,
       all-reduce promoted to float32 with a convert of its result, the
       multiply's converts removed). None for float32 and wider, where it
       adds nothing to ``rounded``.
+    ``psum_rounded``, ``psum_excess_f32``: the same two with every step's
+      sum `sums` of that step's values (`psum_sums`: JAX's own lax.psum, in
+      its own order and precision; in float32 for ``psum_excess_f32``, whose
+      values between steps are float32). None without `sums`.
 
   Returns:
     one array per rank in `dtype`, or None when `model` does not apply.
@@ -191,14 +274,22 @@ def simulate(impl: str, inputs: Sequence[np.ndarray], k: int, dtype,
   dtype = np.dtype(dtype)
   f = factors(len(inputs), dtype)
   copy = impl in COPY_IMPLS
-  if model == ROUNDED:
+  base = PSUM_MODELS.get(model, model)
+  if model in PSUM_MODELS and sums is None and not copy:
+    return None
+  if base == ROUNDED:
     xs = [np.asarray(x) for x in inputs]
     for _ in range(k):
-      ys = xs if copy else [testing.rank_order_sum(xs, dtype)] * len(xs)
+      if copy:
+        ys = xs
+      elif model == PSUM_ROUNDED:
+        ys = [np.asarray(y, dtype) for y in sums(xs)]
+      else:
+        ys = [testing.rank_order_sum(xs, dtype)] * len(xs)
       xs = [testing.round_from_f64(y.astype(np.float64) * np.float64(f[r]), dtype)
             for r, y in enumerate(ys)]
     return xs
-  if model == EXCESS_F32:
+  if base == EXCESS_F32:
     if dtype.itemsize >= 4:
       return None
     f32 = f.astype(np.float32)
@@ -207,6 +298,9 @@ def simulate(impl: str, inputs: Sequence[np.ndarray], k: int, dtype,
       for _ in range(k):
         if copy:
           ys = xs
+        elif model == PSUM_EXCESS_F32:
+          ys = [np.asarray(y, np.float32).astype(dtype).astype(np.float32)
+                for y in sums(xs)]
         else:
           s = xs[0].copy()
           for x in xs[1:]:
@@ -218,36 +312,44 @@ def simulate(impl: str, inputs: Sequence[np.ndarray], k: int, dtype,
 
 
 def references_for(impl: str, platform: str, fast: bool | None) -> tuple[str, ...]:
-  """The references a row of `impl` may match, in the order they are tried.
+  """The references a row of `impl` may match, in the order they are tried
+  (each implementation's promise; see the module docstring).
 
-  - jax_llar on its fast path: ``rounded`` only (the contract of the kernel).
+  - jax_llar on its fast path: ``rounded`` only (the contract of the kernel:
+    the rank order).
   - jax_llar that fell back: ``lax.psum``, bitwise the lax.psum chain's
     output on the same inputs (the contract of a fallback).
   - the copy calls: ``rounded`` on CUDA (a custom call between steps);
     elsewhere they are the identity and XLA may keep excess precision, so
     also ``excess_f32``.
-  - lax.psum (any flags): ``rounded`` or ``excess_f32``.
+  - lax.psum (any flags): ``psum_rounded`` or ``psum_excess_f32``, the sums
+    JAX's own (no summation order is promised).
   """
   if impl.startswith("llar."):
     return (ROUNDED,) if fast else (LAX_PSUM,)
-  if impl in COPY_IMPLS and platform == "gpu":
-    return (ROUNDED,)
+  if impl in COPY_IMPLS:
+    return (ROUNDED,) if platform == "gpu" else (ROUNDED, EXCESS_F32)
+  if impl == "lax.psum" or impl.startswith("lax.psum+"):
+    return (PSUM_ROUNDED, PSUM_EXCESS_F32)
   return (ROUNDED, EXCESS_F32)
 
 
 def check(impl: str, out: np.ndarray, inputs: Sequence[np.ndarray], k: int, dtype,
           references: Sequence[str],
-          lax_psum_output: Callable[[], np.ndarray] | None = None) -> str | None:
+          lax_psum_output: Callable[[], np.ndarray] | None = None,
+          sums: SumFn | None = None) -> str | None:
   """The first of `references` that `out` (shape (ranks, n)) equals bitwise
   on every rank, or None. `lax_psum_output` computes the lax.psum chain's
-  output on the same inputs (needed for the ``lax.psum`` reference)."""
+  output on the same inputs (needed for the ``lax.psum`` reference); `sums`
+  is JAX's one-step all-reduce (`psum_sums`, needed for the ``psum_*``
+  references). A reference whose function is not given is not matched."""
   for ref in references:
     if ref == LAX_PSUM:
       if lax_psum_output is None:
         continue
       expect = list(np.asarray(lax_psum_output()))
     else:
-      expect = simulate(impl, inputs, k, dtype, ref)
+      expect = simulate(impl, inputs, k, dtype, ref, sums)
       if expect is None:
         continue
     if all(testing.bitwise_equal(out[r], expect[r]) for r in range(len(inputs))):
@@ -341,6 +443,7 @@ def measure(impls: Sequence[str], mesh: Mesh, dtype, nbytes: int, k_short: int,
   n = max(1, nbytes // dtype.itemsize)
   sharding = NamedSharding(mesh, P("x"))
   platform = mesh.devices.flat[0].platform
+  sums = psum_sums(mesh)
   state = {}
   for impl in impls:
     inputs = [testing.random_array(rng, (n,), dtype) for _ in range(world)]
@@ -368,7 +471,7 @@ def measure(impls: Sequence[str], mesh: Mesh, dtype, nbytes: int, k_short: int,
     def lax_psum_output(x=x):  # compiled only when a fallback is checked
       return np.asarray(chain("lax.psum", mesh, k_short, dtype)(x)).reshape(world, n)
 
-    ref = check(impl, out, inputs, k_short, dtype, refs, lax_psum_output)
+    ref = check(impl, out, inputs, k_short, dtype, refs, lax_psum_output, sums)
     f_long(x).block_until_ready()
     state[impl] = dict(x=x, f_short=f_short, f_long=f_long, reference=ref, refs=refs,
                        fast=fast, ran=ran, slopes=[], ts=[], tl=[])
@@ -581,11 +684,15 @@ def run(s: Settings) -> dict:
 
   Raises:
     RuntimeError: with fewer than two devices.
+    ValueError: for settings `settings_errors` refuses.
   """
   from jax_llar.tools import report
   devices = jax.devices()
   if len(devices) < 2:
     raise RuntimeError("the JAX level needs at least 2 devices")
+  errors = settings_errors(s.sizes, s.dtypes, s.world, len(devices))
+  if errors:
+    raise ValueError("; ".join(errors))
   mesh = Mesh(np.array(devices[: s.world or len(devices)]), ("x",))
   rng = np.random.default_rng(s.seed)
   rows = []
@@ -606,9 +713,15 @@ def run(s: Settings) -> dict:
       progress.step(f"{dt_name} {nbytes} B")
   anatomy = None  # last: it turns the call trace on for later programs
   if s.anatomy_bytes and devices[0].platform == "gpu" and _native.load() is not None:
-    anatomy = call_anatomy(mesh, DTYPES[s.dtypes[0]], s.anatomy_bytes,
-                           s.k_short, s.k_long, rng)
+    try:
+      anatomy = call_anatomy(mesh, DTYPES[s.dtypes[0]], s.anatomy_bytes,
+                             s.k_short, s.k_long, rng)
+    except RuntimeError as e:  # an addition to the rows, never a reason to lose them
+      anatomy = {"error": str(e)}
+      print(f"--anatomy_bytes: no call anatomy: {e}", flush=True)
     for key, v in anatomy.items():
+      if key == "error":
+        continue
       for dev, g in v["per_gpu"].items():
         print(f"anatomy {key:22s} {dev}: per step, host before "
               f"{g['pre_us_per_step']:6.2f} us, device {g['span_us_per_step']:6.2f} us, "

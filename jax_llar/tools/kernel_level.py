@@ -187,12 +187,19 @@ def run(s: Settings) -> dict:
 
   Raises:
     RuntimeError: when the native tools module is unavailable (no CUDA
-      extension or fewer than two CUDA GPUs).
+      extension) or there are fewer than two CUDA GPUs.
+    ValueError: for sizes, dtypes or a world `jax_level.settings_errors`
+      refuses (a world above the GPUs present among them).
   """
   import jax
   from jax_llar import comm
   from jax_llar.tools import jax_level, report
   mod = _native.require("the kernel level")
+  if jax.device_count() < 2:
+    raise RuntimeError(f"the kernel level needs 2+ CUDA GPUs; {jax.device_count()} here")
+  errors = jax_level.settings_errors(s.sizes, s.dtypes, s.world, jax.device_count())
+  if errors:
+    raise ValueError("; ".join(errors))
   devices = jax.devices()[: s.world or jax.device_count()]
   cs = comm.get_or_create([[d.local_hardware_id for d in devices]])
   rng = np.random.default_rng(s.seed)

@@ -16,8 +16,11 @@ exit status. Under jax.distributed a Python program that raises does not
 end by itself: JAX's shutdown waits for every peer first. `initialize`
 therefore makes an uncaught exception end the process at once, status 1,
 after its traceback. A program that calls sys.exit(n) still goes through
-JAX's shutdown; call os._exit(n) after flushing to fail at once. Exit status: 0 when every process exited with 0, else the first
-failing process's status (a signal N as 128 + N).
+JAX's shutdown; call os._exit(n) after flushing to fail at once. Exit
+status: 0 when every process exited with 0, else the first failing
+process's status (a signal N as 128 + N); 2 when no program is given. A
+--grace_s that is not a finite number of seconds from 0 to 86400, or an
+--nproc outside 1-256, is refused in one line before anything starts.
 
 Without GPUs (JAX_PLATFORMS=cpu) each process gets one CPU device instead;
 jax_llar then lowers every psum to lax.psum, which shows what GPUs would do.
@@ -29,6 +32,7 @@ with one local device per process (README: "One process per GPU").
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -37,14 +41,18 @@ import sys
 import threading
 import time
 
-from absl import app, flags
+from absl import flags
 
 from jax_llar.tools import _cli
 
+_MAX_NPROC = 256
+_MAX_GRACE_S = 86_400.0
 # --nproc and --grace_s (see the module docstring).
-NPROC = flags.DEFINE_integer("nproc", 2, "Processes to start, one GPU each.", lower_bound=1)
+NPROC = flags.DEFINE_integer("nproc", 2, "Processes to start, one GPU each.", lower_bound=1,
+                             upper_bound=_MAX_NPROC)
 GRACE_S = flags.DEFINE_float("grace_s", 30.0, "Seconds the other processes may run "
-                             "on after one failed, before they are killed.", lower_bound=0)
+                             "on after one failed, before they are killed (a finite "
+                             "number, 0-86400).", lower_bound=0, upper_bound=_MAX_GRACE_S)
 
 # The variables the launcher gives each process (its index, the count);
 # `initialize` reads them.
@@ -106,11 +114,18 @@ def launch(nproc: int, argv: list[str], grace_s: float = 30.0,
   Args:
     nproc: processes, one GPU each (1 or more).
     argv: the script and its arguments.
-    grace_s: seconds the others may run on after a process failed.
+    grace_s: seconds the others may run on after a process failed (finite,
+      0 or more).
     env: extra environment variables for every process.
+
+  Raises:
+    ValueError: for an nproc below 1, no program, or a grace_s that is
+      negative or not finite (nan would never end the wait).
   """
   if nproc < 1 or not argv:
     raise ValueError("launch needs --nproc >= 1 and a program")
+  if not (isinstance(grace_s, (int, float)) and math.isfinite(grace_s) and grace_s >= 0):
+    raise ValueError(f"launch needs a finite grace_s >= 0 seconds, not {grace_s!r}")
   addr = f"127.0.0.1:{free_port()}"
   procs, pumps = [], []
   try:
@@ -170,11 +185,16 @@ def _run(procs, pumps, nproc, argv, grace_s, env, addr) -> int:
 
 
 def main(argv: list[str]) -> int:
-  """absl main: argv[1:] is the program and its arguments (after ``--``)."""
-  if len(argv) < 2:
-    print("jax_llar.tools.launch: no program given; usage:\n" + __doc__, file=sys.stderr)
+  """The tool's main (`_cli.run` with positional arguments): `argv` is the
+  program and its arguments (after ``--``)."""
+  if not argv:
+    print("jax_llar.tools.launch: no program given; usage: python -m "
+          "jax_llar.tools.launch --nproc N [--grace_s S] -- script.py [args...]",
+          file=sys.stderr)
     return 2
-  return launch(NPROC.value, argv[1:], GRACE_S.value)
+  if not argv[0].startswith("-") and not os.path.isfile(argv[0]):
+    raise _cli.Refused(f"no such program: {argv[0]}")
+  return launch(NPROC.value, argv, GRACE_S.value)
 
 
 def _terminate(signum, frame):  # SIGTERM: end like Ctrl-C, through launch's cleanup
@@ -184,5 +204,4 @@ def _terminate(signum, frame):  # SIGTERM: end like Ctrl-C, through launch's cle
 
 if __name__ == "__main__":
   signal.signal(signal.SIGTERM, _terminate)
-  _cli._help_exits_zero()  # pylint: disable=protected-access  # --help exits 0, as every tool's
-  app.run(lambda argv: sys.exit(main(argv)))
+  _cli.run(main, positional=True)

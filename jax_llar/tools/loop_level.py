@@ -38,11 +38,13 @@ slope in the same run (None for ``none``, whose chain is fused away).
 
 Correctness: before timing, every configuration runs its short program on
 random data and the output is compared bitwise with the JAX level's
-references (`jax_level.simulate`, `jax_level.references_for`) and with
-``excess_f32_per_trip``: XLA's excess precision within one trip of a loop,
-the state rounded to the dtype where the loop carries it between trips. A
-jax_llar row that fell back to lax.psum must equal the lax.psum program of
-the same structure on the same inputs.
+references (`jax_level.simulate`, `jax_level.references_for`: the rank
+order for jax_llar's fast path and the copy, JAX's own one-step sums for
+lax.psum) and with ``excess_f32_per_trip`` (``psum_excess_f32_per_trip``
+for lax.psum): XLA's excess precision within one trip of a loop, the state
+rounded to the dtype where the loop carries it between trips. A jax_llar
+row that fell back to lax.psum must equal the lax.psum program of the same
+structure on the same inputs.
 
 `run_flag_sets` repeats the run under each XLA flag set of `FLAG_SETS`, each
 in a process of its own (XLA reads its flags when the backend starts). The
@@ -85,8 +87,10 @@ DEFAULT_K_LONG = 256
 DEFAULT_CALLS = 60
 DEFAULT_ROUNDS = 6
 
-# The reference model added to the JAX level's (see `expected`).
+# The reference models added to the JAX level's (see `expected`): the
+# second with JAX's own sums (lax.psum's, as `jax_level.PSUM_EXCESS_F32`).
 EXCESS_PER_TRIP = "excess_f32_per_trip"
+PSUM_EXCESS_PER_TRIP = "psum_excess_f32_per_trip"
 
 # XLA flag sets of --loop_flags: (name, flags appended to XLA_FLAGS). Each one
 # targets a part of what a trip of a rolled loop costs on the GPU runtime.
@@ -273,27 +277,35 @@ def references_for(impl: str, structure: str, platform: str,
       "cpu" if impl == "none" else platform, fast)
   if jax_level.EXCESS_F32 in refs and structure != "chain":
     refs = refs + (EXCESS_PER_TRIP,)
+  if jax_level.PSUM_EXCESS_F32 in refs and structure != "chain":
+    refs = refs + (PSUM_EXCESS_PER_TRIP,)
   return refs
 
 
 def expected(impl: str, structure: str, inputs: Sequence[np.ndarray], k: int, dtype,
-             reference: str) -> list[np.ndarray] | None:
+             reference: str, sums: jax_level.SumFn | None = None
+             ) -> list[np.ndarray] | None:
   """Host model of the program's output per rank under `reference` (not
   ``lax.psum``, which is a device run).
 
-  ``rounded`` and ``excess_f32`` are `jax_level.simulate` of the K steps
-  (``none`` modelled as the copy, whose value is the identity);
+  The JAX level's models are `jax_level.simulate` of the K steps (``none``
+  modelled as the copy, whose value is the identity; the ``psum_*`` models
+  with `sums`, JAX's one-step all-reduce, `jax_level.psum_sums`);
   ``excess_f32_per_trip`` is ``excess_f32`` over the steps of one trip,
   then rounded to `dtype` (the loop carries its state in `dtype`), once per
-  trip. None where a model does not apply (excess models at float32).
+  trip; ``psum_excess_f32_per_trip`` the same from ``psum_excess_f32``.
+  None where a model does not apply (excess models at float32, ``psum_*``
+  models without `sums`).
   """
   model_impl = copy_call.IMPL_COPY if impl == "none" else impl
-  if reference != EXCESS_PER_TRIP:
-    return jax_level.simulate(model_impl, inputs, k, dtype, reference)
+  per_trip_model = {EXCESS_PER_TRIP: jax_level.EXCESS_F32,
+                    PSUM_EXCESS_PER_TRIP: jax_level.PSUM_EXCESS_F32}.get(reference)
+  if per_trip_model is None:
+    return jax_level.simulate(model_impl, inputs, k, dtype, reference, sums)
   per_trip = steps_per_trip(structure, k)
   xs = list(inputs)
   for _ in range(k // per_trip):
-    xs = jax_level.simulate(model_impl, xs, per_trip, dtype, jax_level.EXCESS_F32)
+    xs = jax_level.simulate(model_impl, xs, per_trip, dtype, per_trip_model, sums)
     if xs is None:
       return None
   return xs
@@ -357,6 +369,7 @@ def measure(structures: Sequence[str], impls: Sequence[str], mesh: Mesh, dtype,
   n = max(1, nbytes // dtype.itemsize)
   sharding = NamedSharding(mesh, P("x"))
   platform = mesh.devices.flat[0].platform
+  sums = jax_level.psum_sums(mesh)
   configs: list[_Config] = []
   for structure in structures:
     for impl in impls:
@@ -379,7 +392,7 @@ def measure(structures: Sequence[str], impls: Sequence[str], mesh: Mesh, dtype,
           ).reshape(world, n))
         else:
           candidates[ref] = lambda r=ref, s=structure, i=impl, ins=inputs: expected(
-              i, s, ins, k_short, dtype, r)
+              i, s, ins, k_short, dtype, r, sums)
       configs.append(_Config(structure, impl, host, x, f_short, f_long, donates,
                              _match(out, candidates, world), refs, fast))
   for cfg in configs:  # warm-up after the last compilation
@@ -490,7 +503,8 @@ def run(s: Settings) -> dict:
 
   Raises:
     RuntimeError: with fewer than two devices.
-    ValueError: when a step count is not a multiple of `UNROLL`.
+    ValueError: when a step count is not a multiple of `UNROLL`, or for
+      sizes, dtypes or a world `jax_level.settings_errors` refuses.
   """
   from jax_llar.tools import report
   if s.k_short % UNROLL or s.k_long % UNROLL:
@@ -498,6 +512,9 @@ def run(s: Settings) -> dict:
   devices = jax.devices()
   if len(devices) < 2:
     raise RuntimeError("the loop level needs at least 2 devices")
+  errors = jax_level.settings_errors(s.sizes, s.dtypes, s.world, len(devices))
+  if errors:
+    raise ValueError("; ".join(errors))
   mesh = Mesh(np.array(devices[: s.world or len(devices)]), ("x",))
   rng = np.random.default_rng(s.seed)
   rows = []

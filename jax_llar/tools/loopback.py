@@ -66,21 +66,28 @@ differently on its GPU). Every report must be the foreign-signature error
 wrong sum; child processes as in fault mode.
 
 Results: a table on stdout and a JSON file (--json, else
-OUT/<machine>-<yyyymmdd>-loopback<tag>.json) with the environment, the
-commit and one row per case. The exit status is 1 when a case failed or none
-ran.
+OUT/<machine>-<yyyymmdd>-loopback<tag>.json, written atomically) with the
+environment, the commit and one row per case. The exit status is 1 when a
+case failed or none ran.
+
+The command line is checked before anything runs (one line, status 1): the
+settings (jax_llar.tools.loopback_harness.validate), the output file or
+folder (writable), and, in every mode, that this machine has a GPU and the
+CUDA extension with the native tools module, so that a fault mode does not
+start its children to hear each say it cannot run.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import importlib.util
 import os
 from typing import Sequence
 
 from absl import flags
 
-from jax_llar.tools import _cli, _native, report
+from jax_llar import _ext
+from jax_llar.tools import _cli, _native, host, report
 from jax_llar.tools import loopback_fused as lf
 from jax_llar.tools import loopback_harness as lh
 
@@ -116,7 +123,7 @@ CANONICAL_NAN = flags.DEFINE_bool("canonical_nan", True,
                                   "0x7fffffff, bfloat16 and float16 0x7fff), the rule of "
                                   "every algorithm (--nocanonical_nan: not checked).")
 CALLS = flags.DEFINE_integer("calls", 50, "Consecutive all-reduce calls per case.",
-                             lower_bound=1)
+                             lower_bound=1, upper_bound=10**8)
 SETS = flags.DEFINE_integer("sets", 4, "Input sets; call c uses set c % sets.",
                             lower_bound=1, upper_bound=1024)
 SPECIALS = flags.DEFINE_bool("specials", True,
@@ -148,12 +155,15 @@ MISALIGN = flags.DEFINE_integer("misalign", 0,
                                 lower_bound=0, upper_bound=15)
 KEEP = flags.DEFINE_integer("keep", 0,
                             "Check the outputs of the last KEEP calls (0: all), at "
-                            "most --max_output_mib of them per case.", lower_bound=0)
+                            "most --max_output_mib of them per case.", lower_bound=0,
+                            upper_bound=10**8)
 MAX_OUTPUT_MIB = flags.DEFINE_integer("max_output_mib", 256,
                                       "Bound on the outputs held per case, MiB.",
-                                      lower_bound=1)
-SEED = flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
-DEVICE = flags.DEFINE_integer("device", 0, "CUDA ordinal to run on.", lower_bound=0)
+                                      lower_bound=1, upper_bound=1 << 20)
+SEED = flags.DEFINE_integer("seed", 0, f"Seed of the random inputs {_cli.SEED_RANGE}.",
+                            **_cli.SEED_BOUNDS)
+DEVICE = flags.DEFINE_integer("device", 0, "CUDA ordinal to run on.", lower_bound=0,
+                              upper_bound=63)
 SKIP_RANK = flags.DEFINE_integer(
     "skip_rank", -1,
     "Fault mode: never launch this rank's kernel on call --skip_call; each case "
@@ -161,7 +171,7 @@ SKIP_RANK = flags.DEFINE_integer(
     lower_bound=-1, upper_bound=lh.MAX_RANKS - 1)
 SKIP_CALL = flags.DEFINE_integer("skip_call", 3, "Fault mode: the call rank "
                                  "--skip_rank misses (0-based, below --calls).",
-                                 lower_bound=0)
+                                 lower_bound=0, upper_bound=10**8 - 1)
 SIGNATURES = flags.DEFINE_bool("signatures", True,
                                "Every call carries a call signature (a different one "
                                "per call); --nosignatures: every call carries 0.")
@@ -179,7 +189,8 @@ SWAP_SIGNATURE_RANK = flags.DEFINE_integer(
     "each case runs in a child process and must end in the foreign-signature "
     "error.", lower_bound=-1, upper_bound=lh.MAX_RANKS - 1)
 FAULT_CALL = flags.DEFINE_integer("fault_call", 3, "The call of a signature fault "
-                                  "(0-based, below --calls).", lower_bound=0)
+                                  "(0-based, below --calls).", lower_bound=0,
+                                  upper_bound=10**8 - 1)
 JOBS = flags.DEFINE_integer("jobs", 1, "Fault modes: child processes (cases) run at once, "
                             "each with a CUDA context of its own. Above 1 on one H200 the "
                             "trapping children made each other's bounded waits end tens "
@@ -194,10 +205,12 @@ OP = flags.DEFINE_enum(
 SHAPES = flags.DEFINE_list(
     "shapes", [f"{r}x{d}" for r, d in lf.DEFAULT_SHAPES],
     "--op add_rms_norm: x's shapes per rank, ROWSxD (rows of d elements).")
+flags.register_validator("shapes", bool, "--shapes must be one or more ROWSxD shapes")
 JSON = flags.DEFINE_string("json", None, "Write the result to this file (default: "
                            "OUT/<machine>-<yyyymmdd>-loopback<tag>.json).")
 OUT = flags.DEFINE_string("out", report.default_out_dir(), report.OUT_HELP)
-TAG = flags.DEFINE_string("tag", "", "Suffix of the result file name.")
+TAG = flags.DEFINE_string("tag", "", f"Suffix of the result file name: {_cli.TAG_RULE}.")
+_cli.register_tag_validator()
 
 
 def _ints(values: Sequence[str], what: str) -> tuple[int, ...]:
@@ -227,14 +240,43 @@ def settings_from_flags() -> lh.Settings:
 
 
 def save(result: dict, json_path: str | None, out_dir: str, tag: str) -> str:
-  """Writes `result` to `json_path`, or as a result file in `out_dir`;
-  returns the path."""
+  """Writes `result` to `json_path`, or as a result file in `out_dir`, in
+  both cases atomically; returns the path."""
   if json_path:
     os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-    with open(json_path, "w") as f:
-      json.dump(result, f, indent=1, default=str)
+    report.write_json(json_path, result)
     return json_path
   return report.save(result, out_dir, report.stem("loopback", tag))[0]
+
+
+def output_error() -> str | None:
+  """Why the result cannot be written where --json or --out says (checked
+  by creating the folder and a temporary file in it), or None."""
+  try:
+    if JSON.value is not None:
+      _cli.writable_file(JSON.value, "json")
+    else:
+      _cli.writable_folder(OUT.value)
+  except _cli.Refused as e:
+    return str(e)
+  return None
+
+
+def gpu_error() -> str | None:
+  """Why this machine cannot run the harness, found without starting CUDA
+  (no GPU device, JAX_PLATFORMS without CUDA, the extension or the native
+  tools module not built), or None when it may: checked once, before any
+  case, in every mode (the fault modes' children would each fail)."""
+  if not host.gpu_present():
+    return "no NVIDIA GPU on this machine (or JAX_PLATFORMS excludes CUDA)"
+  if not _ext.built():
+    return "the CUDA extension jax_llar._llar is not built"
+  if importlib.util.find_spec(_native.MODULE) is None:
+    return f"the native tools module {_native.MODULE} is not built"
+  visible = host.gpu_count()
+  if DEVICE.value >= visible:
+    return f"--device={DEVICE.value}, but {visible} GPU(s) are visible here"
+  return None
 
 
 def main() -> int:
@@ -254,10 +296,15 @@ def main() -> int:
     errors.append("--skip_call must be below --calls")
   errors += lh.fault_errors(s, SKIP_RANK.value, EXTRA_CALL_RANK.value,
                             SWAP_SIGNATURE_RANK.value, FAULT_CALL.value)
+  errors += [e for e in [output_error()] if e]
   if errors:
     print("jax_llar.tools.loopback: " + "; ".join(errors))
     return 1
   faulty = max(SKIP_RANK.value, EXTRA_CALL_RANK.value, SWAP_SIGNATURE_RANK.value) >= 0
+  missing = gpu_error()
+  if missing:
+    print(f"jax_llar.tools.loopback needs one CUDA GPU and the CUDA extension: {missing}")
+    return 1
   # In fault mode only the children start CUDA; they say when they cannot.
   if not faulty and _native.load() is None:
     print(f"jax_llar.tools.loopback needs one CUDA GPU and the CUDA extension: "
@@ -289,6 +336,7 @@ def main_add_rms_norm(s: lh.Settings, shapes) -> int:
   if max(SKIP_RANK.value, EXTRA_CALL_RANK.value, SWAP_SIGNATURE_RANK.value) >= 0:
     errors.append("--skip_rank, --extra_call_rank and --swap_signature_rank apply to "
                   "--op all_reduce only")
+  errors += [e for e in [output_error()] if e]
   if errors:
     print("jax_llar.tools.loopback: " + "; ".join(errors))
     return 1

@@ -19,7 +19,7 @@ import platform
 import subprocess
 import sys
 import tempfile
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 # Impl names whose columns lead the JAX-level table, in this order.
 JAX_TABLE_LEAD = ("lax.psum", "ffi.copy", "llar.one_shot_ll")
@@ -147,11 +147,82 @@ def _unused_name(out_dir: str, name: str) -> str:
   """`name`, or `name`-N with the smallest N >= 2 for which neither the
   .json nor the .png exists in `out_dir`."""
   candidate, n = name, 1
-  while any(os.path.exists(os.path.join(out_dir, candidate + ext))
+  while any(os.path.lexists(os.path.join(out_dir, candidate + ext))
             for ext in (".json", ".png")):
     n += 1
     candidate = f"{name}-{n}"
   return candidate
+
+
+def _temp_beside(path: str) -> str:
+  """A new empty temporary file in `path`'s folder (same file system, so
+  that a rename onto `path` is atomic), hidden, with `path`'s extension (a
+  plotter picks the format from it); returns its path."""
+  fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".tmp-",
+                             suffix=os.path.splitext(path)[1],
+                             dir=os.path.dirname(os.path.abspath(path)))
+  os.close(fd)
+  return tmp
+
+
+def write_atomic(path: str, write: Callable[[str], bool | None],
+                 overwrite: bool = True) -> bool:
+  """Writes a file atomically: `write(tmp)` fills a temporary file in the
+  same folder, which then takes the name `path` in one step (os.replace, or
+  with ``overwrite=False`` a hard link that fails when `path` exists), so
+  that a reader never sees a partial file and a failure leaves none. The
+  temporary file is removed in every case. Returns False, writing nothing,
+  when `write` returns False or leaves the file empty; else True.
+
+  Raises:
+    FileExistsError: with ``overwrite=False`` when `path` exists.
+    OSError: when the folder cannot be written.
+  """
+  tmp = _temp_beside(path)
+  try:
+    if write(tmp) is False or os.path.getsize(tmp) == 0:
+      return False
+    os.chmod(tmp, 0o666 & ~_umask())  # as open() would have created it
+    if overwrite:
+      os.replace(tmp, path)
+      tmp = None
+    else:
+      try:
+        os.link(tmp, path)  # atomic, and never replaces an existing file
+      except FileExistsError:
+        raise
+      except OSError:  # a file system without hard links
+        if os.path.lexists(path):
+          raise FileExistsError(path) from None
+        os.replace(tmp, path)
+        tmp = None
+    return True
+  finally:
+    if tmp is not None and os.path.lexists(tmp):
+      os.unlink(tmp)
+
+
+_UMASK: list[int] = []
+
+
+def _umask() -> int:
+  """The process's umask (read once: reading it means setting it)."""
+  if not _UMASK:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    _UMASK.append(mask)
+  return _UMASK[0]
+
+
+def write_json(path: str, doc: Any, overwrite: bool = True) -> None:
+  """`doc` as indented JSON (``default=str``), written with `write_atomic`."""
+  text = json.dumps(doc, indent=1, default=str)
+
+  def write(tmp: str) -> None:
+    with open(tmp, "w") as f:
+      f.write(text)
+
+  write_atomic(path, write, overwrite)
 
 
 def save(result: dict, out_dir: str, name: str, plot_title: str | None = None) -> list[str]:
@@ -159,23 +230,33 @@ def save(result: dict, out_dir: str, name: str, plot_title: str | None = None) -
   to ``out_dir/name.png`` (`plot_loop` for a loop-level result, else
   `plot`); creates `out_dir`. Never overwrites: when either
   file exists, the name gets a suffix ``-2``, ``-3``, ... (result files are a
-  record). Returns the paths written.
+  record). Both files are written atomically (`write_atomic`): a failure
+  leaves no partial file. Returns the paths written.
   Without matplotlib it says how to install it on stderr and writes no
-  plot."""
+  plot; a plot that fails is said so on stderr, the JSON kept."""
   os.makedirs(out_dir, exist_ok=True)
-  name = _unused_name(out_dir, name)
-  path = os.path.join(out_dir, name + ".json")
-  with open(path, "w") as f:
-    json.dump(result, f, indent=1)
+  for _ in range(1000):
+    name = _unused_name(out_dir, name)
+    path = os.path.join(out_dir, name + ".json")
+    try:
+      write_json(path, result, overwrite=False)
+      break
+    except FileExistsError:  # taken since _unused_name looked: the next one
+      continue
+  else:
+    raise FileExistsError(f"no free result name for {name} in {out_dir}")
   paths = [path]
   if plot_title is not None:
+    png = os.path.join(out_dir, name + ".png")
     try:
       plotter = plot_loop if result.get("level") == "loop" else plot
-      plotter(result["rows"], os.path.join(out_dir, name + ".png"), plot_title)
-      paths.append(os.path.join(out_dir, name + ".png"))
+      if write_atomic(png, lambda tmp: plotter(result["rows"], tmp, plot_title)):
+        paths.append(png)
     except ImportError:
       print("matplotlib is not installed: no plot (pip install 'jax_llar[bench]')",
             file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - the plot adds to the saved result
+      print(f"no plot: {type(e).__name__}: {e}", file=sys.stderr)
   return paths
 
 
@@ -227,10 +308,13 @@ def print_jax_table(rows: list[dict]) -> None:
   if refs:
     print("references matched (impl, dtype: reference): " + "; ".join(
         f"{i} {d}: {ref or 'none'}" for i, d, ref in refs))
-    print("(references: 'rounded' = every step rounded to the dtype, as a program "
-          "with a custom call between steps must compute; 'excess_f32' = "
-          "intermediates kept in float32, which XLA's CPU backend may do for "
-          "16-bit types; 'lax.psum' = equal to the lax.psum chain, the contract "
+    print("(references: 'rounded' = every step rounded to the dtype, its sum in rank "
+          "order (float64, rounded once), as a program with a custom call between "
+          "steps must compute; 'excess_f32' = intermediates kept in float32, which "
+          "XLA's CPU backend may do for 16-bit types; 'psum_rounded', "
+          "'psum_excess_f32' = the same with every step's sum JAX's own, from a "
+          "separate one-step lax.psum in the same run (lax.psum promises no "
+          "summation order); 'lax.psum' = equal to the lax.psum chain, the contract "
           "of a psum that fell back to it)")
   if any(r["impl"] == COPY for r in rows) and not any(r.get("fast_path") for r in rows):
     print("(no GPU: ffi.copy lowers to nothing here, so its chain is the multiplies "

@@ -34,13 +34,16 @@ A progress line every --progress_s seconds gives the calls checked, the
 rate, the mismatches and an estimate of the time left. The final record
 (level "soak"; --json, else OUT/<machine>-<yyyymmdd>-soak<tag>.json) holds
 the calls checked per algorithm, dtype and world size, the mismatches, the
-first failure and the wall time. Exit status 0 only when every requested
-call was checked and none mismatched or failed.
+first failure and the wall time, written atomically. Exit status 0 only
+when every requested call was checked and none mismatched or failed.
+
+The command line is checked before anything runs: the dtypes, algorithms
+and world sizes must be known, the output folder (or --json's) writable,
+the numbers within their bounds (--help); a refusal is one line, status 1.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -48,11 +51,12 @@ import numpy as np
 from absl import flags
 
 from jax_llar import algorithms
+from jax_llar.algorithms import LARGEST_MAX_BYTES, MAX_RANKS
 from jax_llar.tools import _cli, report
 from jax_llar.tools.soak_run import Tally, run_jax, run_loopback
 
 CALLS = flags.DEFINE_integer("calls", 2_200_000, "Checked all-reduce calls to run.",
-                             lower_bound=1)
+                             lower_bound=1, upper_bound=10**12)
 MODE = flags.DEFINE_enum("mode", "auto", ["auto", "jax", "loopback"],
                          "jax: real GPUs through XLA (2+ GPUs); loopback: ranks "
                          "simulated on one GPU; auto: jax with 2+ GPUs, else loopback.")
@@ -63,34 +67,45 @@ DTYPES_F = flags.DEFINE_list("dtypes", ["float32", "bfloat16", "float16", "int32
                              "Element types to mix.")
 MAX_BYTES_F = flags.DEFINE_integer("max_bytes", 256 * 1024,
                                    "Largest payload per rank, bytes (each algorithm "
-                                   "also stops at its own limit).", lower_bound=4)
+                                   "also stops at its own limit).", lower_bound=4,
+                                   upper_bound=LARGEST_MAX_BYTES)
 WORLDS_F = flags.DEFINE_list("worlds", ["2", "3", "4", "8"],
-                             "loopback: simulated world sizes to mix.")
+                             f"loopback: simulated world sizes to mix, 2-{MAX_RANKS}.")
 CALLS_PER_CASE = flags.DEFINE_integer("calls_per_case", 4000,
                                       "loopback: consecutive calls per case, at most.",
-                                      lower_bound=1)
+                                      lower_bound=1, upper_bound=10**7)
 PSUMS = flags.DEFINE_integer("psums_per_program", 64,
-                             "jax: psums per program (mixed sizes).", lower_bound=1)
+                             "jax: psums per program (mixed sizes).", lower_bound=1,
+                             upper_bound=4096)
 STEPS = flags.DEFINE_integer("steps_per_program", 500,
                              "jax: steps each program runs before the next one.",
-                             lower_bound=1)
+                             lower_bound=1, upper_bound=10**7)
 SETS = flags.DEFINE_integer("sets", 4, "Input sets per program or case; a call uses "
                             "one of them in turn.", lower_bound=1, upper_bound=64)
 TIMEOUT_MS = flags.DEFINE_integer("timeout_ms", 5000, "The kernels' bound on every "
                                   "wait (loopback; jax: JAX_LLAR_TIMEOUT_MS).",
                                   lower_bound=1, upper_bound=600_000)
-PROGRESS_S = flags.DEFINE_float("progress_s", 10.0, "Seconds between progress lines.")
+PROGRESS_S = flags.DEFINE_float("progress_s", 10.0, "Seconds between progress lines.",
+                                 lower_bound=0.1, upper_bound=86_400.0)
 MAX_SECONDS = flags.DEFINE_float("max_seconds", None,
                                  "Stop after this many seconds with the record so far "
-                                 "(the soak then counts as unfinished, exit status 1).")
-SEED = flags.DEFINE_integer("seed", 0, "Seed of the random cases and inputs.")
+                                 "(the soak then counts as unfinished, exit status 1).",
+                                 lower_bound=0.0, upper_bound=365 * 86_400.0)
+SEED = flags.DEFINE_integer("seed", 0, "Seed of the random cases and inputs "
+                            f"{_cli.SEED_RANGE}.", **_cli.SEED_BOUNDS)
 JSON = flags.DEFINE_string("json", None, "Write the record to this file.")
 OUT = flags.DEFINE_string("out", report.default_out_dir(), report.OUT_HELP)
-TAG = flags.DEFINE_string("tag", "", "Suffix of the result file name.")
+TAG = flags.DEFINE_string("tag", "", f"Suffix of the result file name: {_cli.TAG_RULE}.")
 
 DTYPES = {"float32": "float32", "f32": "float32", "bfloat16": "bfloat16",
           "bf16": "bfloat16", "float16": "float16", "f16": "float16",
           "int32": "int32", "i32": "int32"}
+ALGORITHM_NAMES = tuple(a.short_name for a in algorithms.Algorithm)
+
+_cli.register_int_list_validator("worlds", 2, MAX_RANKS, "simulated world sizes")
+_cli.register_choices_validator("algorithms", ALGORITHM_NAMES, allow_empty=True,
+                                what="algorithms among " + ", ".join(ALGORITHM_NAMES))
+_cli.register_tag_validator()
 
 
 
@@ -102,6 +117,12 @@ def main() -> int:
   except KeyError as e:
     print(f"jax_llar.tools.soak: unknown dtype {e.args[0]!r}; known: {', '.join(DTYPES)}")
     return 1
+  if not dtypes:
+    raise _cli.Refused(f"--dtypes is empty; known: {', '.join(DTYPES)}")
+  if JSON.value is not None:
+    json_path = _cli.writable_file(JSON.value, "json")
+  else:
+    out_dir = _cli.writable_folder(OUT.value)
   import jax
   gpus = [d for d in jax.devices() if d.platform == "gpu"]
   if mode == "auto":
@@ -147,13 +168,11 @@ def main() -> int:
                                       "worlds": WORLDS_F.value if mode == "loopback"
                                       else None},
                          **rec, "rows": []}
-  if JSON.value:
-    os.makedirs(os.path.dirname(os.path.abspath(JSON.value)), exist_ok=True)
-    with open(JSON.value, "w") as f:
-      json.dump(out, f, indent=1, default=str)
-    path = JSON.value
+  if JSON.value is not None:
+    report.write_json(json_path, out)
+    path = json_path
   else:
-    path = report.save(out, OUT.value, report.stem("soak", TAG.value))[0]
+    path = report.save(out, out_dir, report.stem("soak", TAG.value))[0]
   verdict = "PASSED" if rec["passed"] else "FAILED"
   print(f"soak {verdict}: {rec['calls_checked']:,d} calls checked, {rec['mismatches']} "
         f"mismatches, failure: {rec['failure'] is not None}"

@@ -22,22 +22,27 @@ kernel-level result file (--kernel_json), it prints the ratio to both
 estimates of every all-reduce in the file (each algorithm of jax_llar,
 llar.*, and NCCL's, nccl.*) at its smallest size measured, where the
 latency model applies. The result goes to
-OUT/<machine>-<yyyymmdd>-sol.json. The method: benchmarks/METHOD.md in the
-repository.
+OUT/<machine>-<yyyymmdd>-sol.json, written atomically. The method:
+benchmarks/METHOD.md in the repository.
+
+With one GPU the local probes run and the remote ones cannot: remote_4b_ns
+and remote_ll_ns print "not measured (needs 2 GPUs)" and are null in the
+JSON, fanout_ll_ns is empty, and no speed-of-light estimate is made (none
+is a zero latency). --kernel_json must name a readable result file; the
+output folder must be writable; both are checked before the probes run.
 """
 
 from __future__ import annotations
-
-import json
-import os
 
 from absl import flags
 
 from jax_llar.tools import _cli, _native, report
 
-ITERS = flags.DEFINE_integer("iters", 10_000, "Repetitions of each probe.", lower_bound=1)
+ITERS = flags.DEFINE_integer("iters", 10_000, "Repetitions of each probe.", lower_bound=1,
+                             upper_bound=10_000_000)
 KERNEL_US = flags.DEFINE_float("kernel_us", None,
-                               "A measured one-shot time to compare, microseconds per call.")
+                               "A measured one-shot time to compare, microseconds per call "
+                               "(positive).", lower_bound=1e-6, upper_bound=1e9)
 KERNEL_JSON = flags.DEFINE_string(
     "kernel_json", None,
     "A kernel-level result file (python -m jax_llar.tools.bench --level kernel); "
@@ -47,6 +52,32 @@ OUT = flags.DEFINE_string(
     report.OUT_HELP)
 flags.mark_flags_as_mutual_exclusive(["kernel_us", "kernel_json"])
 
+# The probes that need a second GPU (None in the record with one GPU).
+REMOTE = ("remote_4b_ns", "remote_ll_ns")
+NOT_MEASURED = "not measured (needs 2 GPUs)"
+
+
+def unmeasured_as_none(r: dict, devices: int) -> dict:
+  """The native probes' record `r` with the remote probes None where fewer
+  than 2 `devices` ran them (the native code leaves them 0, which is no
+  latency)."""
+  r = dict(r)
+  if devices < 2:
+    for key in REMOTE:
+      r[key] = None
+    r["fanout_ll_ns"] = []
+  return r
+
+
+def measured_lines(r: dict) -> list[str]:
+  """The printed lines of the probes' record (`unmeasured_as_none`'s): one
+  per probe, `NOT_MEASURED` for a None."""
+  lines = [f"{name:24s} {NOT_MEASURED if v is None else v}"
+           for name, v in r.items() if name != "fanout_ll_ns"]
+  fanout = r.get("fanout_ll_ns")
+  lines.append(f"{'fanout_ll_ns':24s} {fanout if fanout else NOT_MEASURED}")
+  return lines
+
 
 def kernel_figures(kernel_us: float | None,
                    kernel_json: str | None) -> list[tuple[str, float, str]]:
@@ -54,19 +85,26 @@ def kernel_figures(kernel_us: float | None,
 
   `kernel_us` as given (impl llar.one_shot_ll); else, for every all-reduce of
   `kernel_json` (impls llar.* and nccl.*; the diagnostic and copy rows are no
-  all-reduce), its smallest-size row that passed its correctness check; a
-  missing file is reported and gives none. In the file's order of impls.
+  all-reduce), its smallest-size row that passed its correctness check. In
+  the file's order of impls.
+
+  Raises:
+    jax_llar.tools._cli.Refused: `kernel_json` is missing, not JSON or not
+      a kernel-level result file.
   """
   if kernel_us is not None:
     return [("llar.one_shot_ll", kernel_us, "--kernel_us")]
-  if kernel_json and not os.path.isfile(kernel_json):
-    print(f"--kernel_json: no file {kernel_json}; no kernel figure to compare")
-    return []
   if not kernel_json:
     return []
-  with open(kernel_json) as f:
-    rows = [x for x in json.load(f)["rows"]
-            if x["impl"].startswith(("llar.", "nccl.")) and x.get("correct", True)]
+  doc = _cli.readable_json(kernel_json, "kernel_json", key="rows")
+  try:
+    rows = [x for x in doc["rows"]
+            if x["impl"].startswith(("llar.", "nccl.")) and x.get("correct", True)
+            and isinstance(x["us_per_call"], (int, float))
+            and isinstance(x["bytes_per_rank"], int)]
+  except (KeyError, TypeError, AttributeError):
+    raise _cli.Refused(f"--kernel_json={kernel_json}: its rows are not a kernel-level "
+                       "result's (impl, bytes_per_rank, us_per_call)") from None
   out = []
   for impl in dict.fromkeys(x["impl"] for x in rows):
     best = min((x for x in rows if x["impl"] == impl), key=lambda x: x["bytes_per_rank"])
@@ -76,6 +114,8 @@ def kernel_figures(kernel_us: float | None,
 
 
 def main() -> int:
+  kernels = kernel_figures(KERNEL_US.value, KERNEL_JSON.value)  # refused before the probes
+  out_dir = _cli.writable_folder(OUT.value)
   import jax
   try:
     mod = _native.require("python -m jax_llar.tools.sol")
@@ -83,11 +123,10 @@ def main() -> int:
     print(e)
     return 1
   ordinals = [d.local_hardware_id for d in jax.devices()]
-  r = dict(mod.sol(ordinals, ITERS.value))
+  r = unmeasured_as_none(dict(mod.sol(ordinals, ITERS.value)), len(ordinals))
   remote = r["remote_ll_ns"]
   sol_fence = (2 * r["fence_ns"] + remote) / 1000 if remote else None
   sol_chase = (2 * r["l2_chase_ns"] + remote) / 1000 if remote else None
-  kernels = kernel_figures(KERNEL_US.value, KERNEL_JSON.value)
   out = {"env": report.environment(), "level": "sol", "iters": ITERS.value,
          "measured": r, "sol_us_fence": sol_fence, "sol_us_chase": sol_chase,
          "kernels": [{"impl": i, "us_per_call": us, "source": src,
@@ -98,17 +137,17 @@ def main() -> int:
   for k, v in enumerate(r["fanout_ll_ns"], start=1):
     out["rows"].append({"impl": "sol.fanout_ll", "world_size": len(ordinals),
                         "peers": k, "us_per_call": v / 1000})
-  for name, v in r.items():
-    if name != "fanout_ll_ns":
-      print(f"{name:24s} {v}")
-  print(f"{'fanout_ll_ns':24s} {r['fanout_ll_ns']}")
+  for line in measured_lines(r):
+    print(line)
   if sol_fence:
     print(f"SoL (2 x fence + remote LL)        {sol_fence:.3f} us")
     print(f"SoL (2 x L2 chase + remote LL)     {sol_chase:.3f} us")
     for impl, us, src in kernels:
       print(f"{impl:28s} {us:7.2f} us ({src}): {us / sol_fence:.2f}x / "
             f"{us / sol_chase:.2f}x the two SoL estimates")
-  paths = report.save(out, OUT.value, report.stem("sol"))
+  else:
+    print(f"SoL: not estimated: the remote LL latency needs 2 GPUs ({len(ordinals)} here)")
+  paths = report.save(out, out_dir, report.stem("sol"))
   print(f"saved {', '.join(paths)}")
   return 0
 

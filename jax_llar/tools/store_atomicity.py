@@ -30,12 +30,13 @@ lines. Exit status: 0 when the run completed its checks and found no torn
 line (with --split: found torn lines), 1 otherwise. Every device wait is
 bounded (--timeout_ms), and the run stops after --max_seconds with the
 rounds it checked until then. The result goes to --out (default:
-OUT/<machine>-<yyyymmdd>-store-atomicity.json in the scratch folder).
+OUT/<machine>-<yyyymmdd>-store-atomicity.json in the scratch folder),
+written atomically; --out is checked before the run (a writable folder, not
+a folder or special file itself).
 """
 
 from __future__ import annotations
 
-import json
 import os
 
 from absl import flags
@@ -49,9 +50,10 @@ ITERATIONS = flags.DEFINE_integer("iterations", 1_000_000,
 LINES = flags.DEFINE_integer("lines", 2048, "128-byte lines, a multiple of 4 (one warp "
                              "store covers 4 lines).", lower_bound=4, upper_bound=65536)
 WRITER_DEVICE = flags.DEFINE_integer("writer_device", 0, "CUDA ordinal of the writers.",
-                                     lower_bound=0)
+                                     lower_bound=0, upper_bound=63)
 READER_DEVICE = flags.DEFINE_integer("reader_device", 0, "CUDA ordinal of the readers (the "
-                                     "lines live in its memory).", lower_bound=0)
+                                     "lines live in its memory).", lower_bound=0,
+                                     upper_bound=63)
 WARPS_PER_BLOCK = flags.DEFINE_integer("warps_per_block", 4, "Warps per block of both "
                                        "kernels.", lower_bound=1, upper_bound=32)
 MAX_DELAY_NS = flags.DEFINE_integer("max_delay_ns", 1000, "Bound of the random delays, "
@@ -61,7 +63,8 @@ SPLIT = flags.DEFINE_bool("split", False, "Store each line in two instructions, 
                           "half first (the detector must then report torn lines).")
 SPLIT_DELAY_NS = flags.DEFINE_integer("split_delay_ns", 2000, "--split: nanoseconds between "
                                       "the two halves.", lower_bound=0, upper_bound=1_000_000)
-SEED = flags.DEFINE_integer("seed", 1, "Seed of the random delays.", lower_bound=0)
+SEED = flags.DEFINE_integer("seed", 1, f"Seed of the random delays {_cli.SEED_RANGE}.",
+                            **_cli.SEED_BOUNDS)
 TIMEOUT_MS = flags.DEFINE_integer("timeout_ms", 5000, "Bound on every device wait, "
                                   "milliseconds.", lower_bound=1, upper_bound=600_000)
 MAX_SECONDS = flags.DEFINE_float("max_seconds", 120.0, "Stop the run after this long (the "
@@ -82,6 +85,11 @@ def main() -> int:
   if LINES.value % 4:
     print("jax_llar.tools.store_atomicity: --lines must be a multiple of 4")
     return 1
+  if OUT.value is not None:
+    path = _cli.writable_file(OUT.value, "out")
+  else:
+    folder = _cli.writable_folder(report.default_out_dir(), "out")
+    path = None
   try:
     mod = _native.require("python -m jax_llar.tools.store_atomicity")
   except RuntimeError as e:
@@ -118,14 +126,9 @@ def main() -> int:
       print(f"{key}: {r[key]}" + (f" ({r['timeout_side']} group {r['timeout_group']} "
                                   f"round {r['timeout_round']})" if key == "timed_out" else ""))
   print(f"verdict: {out['verdict']}")
-  path = OUT.value
-  if not path:
-    folder = report.default_out_dir()
-    os.makedirs(folder, exist_ok=True)
+  if path is None:
     path = os.path.join(folder, report.stem("store-atomicity") + ".json")
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(out, f, indent=1, default=str)
+  report.write_json(path, out)
   print(f"saved {path}")
   return 0 if out["passed"] else 1
 

@@ -11,7 +11,8 @@ goes wherever ``XLA_FLAGS`` says (the parent sets ``--xla_dump_to``).
 Prints one JSON line: ``{"impl", "devices", "platform", "decisions" (impl
 name of each lowering decision), "fast" (any on the fast path),
 "trace_error" (None, or why the profiler failed: the dump is the primary
-evidence)}``.
+evidence)}``; with fewer than 2 devices ``{"impl", "devices", "platform",
+"error"}`` and exit status 3, before compiling anything.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ def main(argv: list[str]) -> int:
   from jax_llar.tools import copy as copy_call
 
   mesh = Mesh(np.array(jax.devices()), ("x",))
+  if mesh.size < 2:  # one rank: jax_llar leaves the psum to lax.psum, no custom call
+    print(json.dumps({"impl": impl, "devices": mesh.size,
+                      "platform": mesh.devices.flat[0].platform,
+                      "error": "needs 2+ devices"}))
+    return 3
   op = copy_call.copy if impl == "copy" else (lambda v: jax_llar.psum(v, "x"))
 
   def body(x):
