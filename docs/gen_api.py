@@ -41,6 +41,7 @@ PUBLIC_MODULES = (
     "jax_llar.fused",
     "jax_llar.testing",
     "jax_llar.tuning",
+    "jax_llar.table_lookup",
     "jax_llar.signature",
     "jax_llar.distributed",
     "jax_llar.tools.launch",

@@ -9,9 +9,9 @@ lowering time, `decide`:
      psum itself calls for (psums with ``axis_index_groups`` or positional
      axes are JAX's), with the tuning table for the devices' architecture
      (their ``compute_capability``) and the number of ranks
-     (``jax_llar.tuning.for_devices``; none: the default rule, said once in
-     the log); devices of several architectures get lax.psum (reason
-     "architecture");
+     (``jax_llar.table_lookup.for_devices``; none: the default rule, said
+     once in the log); devices of several architectures get lax.psum
+     (reason "architecture");
   3. checks the environment, in this order: ``JAX_LLAR_DISABLE``; a lowering
      for ``jax.export``; XLA flags (concurrent command-buffer scheduling,
      ``jax_llar.inputs``); the platform (lowering for CUDA alone, devices
@@ -38,7 +38,7 @@ from jax._src import mesh as mesh_lib
 from jax._src.interpreters import pxla
 from jax._src.sharding_impls import SPMDAxisContext
 
-from jax_llar import _ext, comm, distributed, inputs, log, policy, tuning
+from jax_llar import _ext, comm, distributed, inputs, log, policy, table_lookup
 from jax_llar.algorithms import MAX_BYTES
 from jax_llar.config import settings
 
@@ -137,7 +137,7 @@ def _on_nvlink_gpus(candidate, op: str = "psum") -> str:
           f"{op} would run {what}")
 
 
-def _log_default_rule(found: tuning.Lookup, source: str) -> None:
+def _log_default_rule(found: table_lookup.Lookup, source: str) -> None:
   """Says once per (architecture, ranks) that GPUs of a known architecture
   have no tuning table (a warning for an explicit jax_llar.psum)."""
   if found.table is not None or found.refusal or found.architecture is None:
@@ -226,7 +226,7 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
   # algorithm and the tuning tables are the psum's; the default rule serves it.
   found = None
   if op == "psum" and groups and world >= 2:
-    found = tuning.for_devices([d for g in groups for d in g], world)
+    found = table_lookup.for_devices([d for g in groups for d in g], world)
     _log_default_rule(found, source)
   choice = policy.choose(
       dtype, nbytes, world, max_bytes=settings.max_bytes,

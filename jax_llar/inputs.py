@@ -12,7 +12,7 @@ import os
 import re
 from typing import Any
 
-from jax_llar import _ext, tuning
+from jax_llar import _ext, table_lookup, tuning
 from jax_llar.config import settings
 
 # XLA's concurrent command-buffer scheduling: graph nodes ordered only by
@@ -36,7 +36,7 @@ def decision_inputs(world: int, architecture: str | None) -> dict[str, Any]:
   Raises:
     jax_llar.tuning.TuningTableError: the tuning table is a broken file.
   """
-  table = tuning.lookup(architecture, world).table
+  table = table_lookup.lookup(architecture, world).table
   mod = _ext.loaded()
   return {
       "disabled": bool(settings.disabled),

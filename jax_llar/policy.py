@@ -215,7 +215,7 @@ def choose(dtype, bytes_per_rank: int, num_ranks: int, *, max_bytes: int,
     num_ranks: ranks per replica group; 0 when unknown.
     max_bytes: the user's cap on bytes per rank (``settings.max_bytes``).
     table: the tuning table for the devices' architecture and `num_ranks`
-      (``jax_llar.tuning.lookup``), or None: the default rule.
+      (``jax_llar.table_lookup.lookup``), or None: the default rule.
     force: an algorithm to use instead of the table's choice wherever it
       can serve the psum (``settings.algorithm``, ``JAX_LLAR_ALGORITHM``);
       its own size limit (MAX_BYTES) and `max_bytes` still apply.

@@ -6,7 +6,7 @@ from typing import Any
 
 import jax
 
-from jax_llar import _ext, algorithms, comm, lowering, signature, swap, tuning
+from jax_llar import _ext, algorithms, comm, lowering, signature, swap, table_lookup
 from jax_llar.reports import decode_report
 from jax_llar.config import settings
 
@@ -92,8 +92,8 @@ def status() -> dict[str, Any]:
       "settings": vars(settings).copy(),
       "tuning": {"tuning_file": settings.tuning_file or None,
                  "tuning_dir": settings.tuning_dir,
-                 "shipped": tuning.shipped(),
-                 "tables": tuning.tables_seen()},
+                 "shipped": table_lookup.shipped(),
+                 "tables": table_lookup.tables_seen()},
       "swap": {"installed": swap.installed(),
                "lowering_rules": lowering.rules_active()},
       "signatures": {"enabled": settings.signatures,

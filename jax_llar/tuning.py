@@ -7,22 +7,11 @@ where algorithm is an ``Algorithm`` short name or ``"lax.psum"``; a payload
 of n bytes per rank goes to the first row with n <= max_bytes, and above the
 last row to lax.psum (``jax_llar.policy.TuningTable`` holds the rules). Where
 no table exists, the default rule decides (``policy.DEFAULT_ALGORITHM``, the
-one-shot LL, up to its MAX_BYTES).
+one-shot LL, up to its MAX_BYTES). Which table serves a psum (the tuning
+file, this machine's tuning directory, the shipped tables) is
+``jax_llar.table_lookup``'s; this module is the tables' format.
 
-For an (architecture, ranks) pair the table comes from, in this order:
-  1. ``settings.tuning_file`` (``JAX_LLAR_TUNING_FILE``), when that file is
-     for the pair (a file for another pair leaves the pair to 2-4);
-  2. ``<settings.tuning_dir>/<architecture>-<ranks>ranks.json``
-     (``JAX_LLAR_TUNING_DIR``, default ``~/.cache/jax_llar/tuning``): this
-     machine's table, written by ``python -m jax_llar.tools.tune``;
-  3. the table shipped with jax_llar, ``jax_llar/tuning/<same name>``;
-  4. none: the default rule.
-A file is read the first time a lowering needs its pair, and again after it
-changes; a program lowered before keeps its decisions (jit's cache: assign a
-setting, or restart, to lower again). A file that breaks the format raises
-`TuningTableError`, naming the file, from the lowering that reads it.
-
-File format (JSON, one table per file)::
+File format (JSON, one table per file, `file_name`)::
 
   {"format": "jax_llar.tuning/1", "architecture": "sm_90", "ranks": 2,
    "rows": [{"max_bytes": 262144, "algorithm": "one_shot_ll"}],
@@ -33,9 +22,11 @@ required (a value may be null where the measurement did not record it):
 the command that made the table, the result files it was built from and
 their SHA-256, the commit, date, GPU name and count, jax and NCCL versions of
 the measurement, where the architecture came from, the rule that chose
-(`RULE`), what was measured (sizes, dtypes, implementations) and a note on
-what the table cannot know (sizes and algorithms not measured). It may also
-hold ``evidence``: the per-step times behind each size's choice.
+(``jax_llar.tools.tune_tables.RULE``), what was measured (sizes, dtypes,
+implementations) and a note on what the table cannot know (sizes and
+algorithms not measured). It may also hold ``evidence``: the per-step times
+behind each size's choice. A file that breaks the format raises
+`TuningTableError`, naming the file.
 
 Tables are built from measurements by ``python -m jax_llar.tools.tune``
 (``jax_llar.tools.tune_tables``).
@@ -43,17 +34,13 @@ Tables are built from measurements by ``python -m jax_llar.tools.tune``
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pathlib
-import stat
-import threading
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from jax_llar import jsonfile, policy
-from jax_llar.algorithms import MAX_BYTES, Algorithm
-from jax_llar.config import settings
+from jax_llar.algorithms import Algorithm
 
 # The format tag of a tuning table file (its "format" key); `load` refuses
 # any other.
@@ -102,7 +89,9 @@ def architecture_of(device) -> str | None:
 # --- reading and writing ------------------------------------------------------
 
 
-def _fail(source, problem: str, hint: str = "") -> TuningTableError:
+def table_error(source, problem: str, hint: str = "") -> TuningTableError:
+  """The error for table file `source`: ``jax_llar tuning table <source>:
+  <problem> (<hint>)``."""
   return TuningTableError(f"jax_llar tuning table {source}: {problem}"
                           + (f" ({hint})" if hint else ""))
 
@@ -131,29 +120,29 @@ def from_dict(data: Any, source: str = "") -> policy.TuningTable:
     ('sm_90 x 2 ranks', 'one_shot_ll', None)
   """
   if not isinstance(data, dict):
-    raise _fail(source, "not a JSON object")
+    raise table_error(source, "not a JSON object")
   if data.get("format") != FORMAT:
-    raise _fail(source, f"format must be {FORMAT!r}, got {data.get('format')!r}")
+    raise table_error(source, f"format must be {FORMAT!r}, got {data.get('format')!r}")
   keys = {"format", "architecture", "ranks", "rows", "provenance"}
   if set(data) != keys:
     missing, extra = sorted(keys - set(data)), sorted(set(data) - keys)
-    raise _fail(source, "keys must be " + ", ".join(sorted(keys))
+    raise table_error(source, "keys must be " + ", ".join(sorted(keys))
                 + (f"; missing {', '.join(missing)}" if missing else "")
                 + (f"; unknown {', '.join(extra)}" if extra else ""))
   prov = data["provenance"]
   if not isinstance(prov, dict):
-    raise _fail(source, "provenance must be a JSON object")
+    raise table_error(source, "provenance must be a JSON object")
   missing = [k for k in PROVENANCE_KEYS if k not in prov]
   if missing:
-    raise _fail(source, f"provenance lacks {', '.join(missing)}",
+    raise table_error(source, f"provenance lacks {', '.join(missing)}",
                 "tables record how they were measured: write them with python -m "
                 "jax_llar.tools.tune, or --from_results from saved results files")
   if not isinstance(data["rows"], list):
-    raise _fail(source, "rows must be a list")
+    raise table_error(source, "rows must be a list")
   rows = []
   for i, r in enumerate(data["rows"]):
     if not isinstance(r, dict) or set(r) != {"max_bytes", "algorithm"}:
-      raise _fail(source, f"row {i + 1} must be an object with exactly max_bytes "
+      raise table_error(source, f"row {i + 1} must be an object with exactly max_bytes "
                   f"and algorithm, got {r!r}")
     name = r["algorithm"]
     if name == policy.LAX_PSUM:
@@ -162,13 +151,13 @@ def from_dict(data: Any, source: str = "") -> policy.TuningTable:
       try:
         algorithm = Algorithm.from_short_name(name)
       except ValueError as e:
-        raise _fail(source, f"row {i + 1}: {e} or {policy.LAX_PSUM}") from None
+        raise table_error(source, f"row {i + 1}: {e} or {policy.LAX_PSUM}") from None
     rows.append(policy.TableRow(r["max_bytes"], algorithm))
   try:
     return policy.TuningTable(data["architecture"], data["ranks"], tuple(rows),
                               source=str(source), provenance=prov)
   except ValueError as e:
-    raise _fail(source, str(e)) from None
+    raise table_error(source, str(e)) from None
 
 
 def to_dict(table: policy.TuningTable) -> dict[str, Any]:
@@ -218,7 +207,7 @@ def load(path, *, hint: str = "") -> policy.TuningTable:
   try:
     data, _ = jsonfile.read(path)
   except jsonfile.Unreadable as e:
-    raise _fail(path, str(e), hint) from None
+    raise table_error(path, str(e), hint) from None
   try:
     return from_dict(data, path)
   except TuningTableError as e:
@@ -269,222 +258,3 @@ def write(data: Mapping[str, Any], directory) -> str:
     f.write(dumps(data))
   os.replace(tmp, path)
   return path
-
-
-# --- which table serves a psum ------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Lookup:
-  """Which table serves psums of one architecture and number of ranks.
-
-  Attributes:
-    architecture: e.g. ``"sm_90"``; None when unknown (devices that are not
-      CUDA GPUs) or not one (devices of several architectures).
-    ranks: ranks per replica group.
-    table: the table, or None (the default rule).
-    origin: ``"file"`` (settings.tuning_file), ``"user"`` (the tuning
-      directory), ``"shipped"``, or ``"default"`` (no table).
-    note: for the default rule, why there is no table (e.g. ``"no tuning
-      table for sm_90 x 4 ranks"``); else the table's path.
-    refusal: why no decision may be taken for the group (its devices differ
-      in architecture), or None.
-  """
-  architecture: str | None
-  ranks: int
-  table: policy.TuningTable | None
-  origin: str
-  note: str
-  refusal: str | None = None
-
-  def to_dict(self) -> dict[str, Any]:
-    """What ``jax_llar.status()`` reports for the pair."""
-    d: dict[str, Any] = {"architecture": self.architecture, "ranks": self.ranks,
-                         "origin": self.origin, "path": None, "rows": None,
-                         "provenance": None}
-    if self.table is None:
-      d["note"] = self.note
-      d["rule"] = (self.refusal or f"default rule: {policy.DEFAULT_ALGORITHM.short_name} "
-                   f"up to {MAX_BYTES[policy.DEFAULT_ALGORITHM]} bytes per rank, "
-                   "lax.psum above")
-      return d
-    p = self.table.provenance
-    d["path"] = self.table.source
-    d["rows"] = [{"max_bytes": r.max_bytes, "algorithm": r.name} for r in self.table.rows]
-    d["provenance"] = {k: p.get(k) for k in ("command", "results_files", "commit", "date",
-                                             "gpu", "gpu_count", "jax", "nccl", "note")}
-    return d
-
-
-_lock = threading.Lock()
-_files: dict[str, tuple[tuple[int, int], policy.TuningTable]] = {}
-_seen: dict[tuple[str | None, int], Lookup] = {}
-
-
-def _read(path: str, hint: str = "") -> policy.TuningTable:
-  """`load`, cached while the file's mtime and size stay the same."""
-  problem = jsonfile.problem(path)
-  if problem is not None:
-    raise _fail(path, problem, hint)
-  try:
-    st = os.stat(path)
-  except OSError as e:  # gone since
-    raise _fail(path, f"cannot be read: {e.strerror or e}", hint) from None
-  key = (st.st_mtime_ns, st.st_size)
-  with _lock:
-    hit = _files.get(path)
-  if hit is not None and hit[0] == key:
-    return hit[1]
-  table = load(path, hint=hint)
-  with _lock:
-    _files[path] = (key, table)
-  return table
-
-
-def _lookup(architecture: str | None, ranks: int) -> Lookup:
-  forced = settings.tuning_file
-  if forced:
-    path = os.path.abspath(os.path.expanduser(forced))
-    hint = "JAX_LLAR_TUNING_FILE / settings.tuning_file names it"
-    # Read for every pair, so that a broken file fails early; missing, a
-    # directory, a FIFO...: the error says which.
-    table = _read(path, hint)
-    if (table.architecture, table.ranks) == (architecture, ranks):
-      return Lookup(architecture, ranks, table, "file", path)
-  if architecture is None:
-    return Lookup(None, ranks, None, "default",
-                  "architecture unknown (the devices are not CUDA GPUs)")
-  name = file_name(architecture, ranks)
-  for origin, directory, hint in (
-      ("user", os.path.expanduser(settings.tuning_dir),
-       "the tuning directory, JAX_LLAR_TUNING_DIR: fix, delete or re-run "
-       "python -m jax_llar.tools.tune"),
-      ("shipped", str(SHIPPED_DIR), "shipped with jax_llar: reinstall it")):
-    path = os.path.abspath(os.path.join(directory, name))
-    try:
-      mode = os.stat(path).st_mode
-    except (OSError, ValueError):  # none there (or the directory unreadable)
-      continue
-    if not stat.S_ISREG(mode):  # a directory or a FIFO of the table's name
-      raise _fail(path, jsonfile.file_kind(mode), hint)
-    table = _read(path, hint)
-    if (table.architecture, table.ranks) != (architecture, ranks):
-      raise _fail(path, f"holds the table for {table.label}, but its name is for "
-                  f"{architecture} x {ranks} ranks", hint)
-    return Lookup(architecture, ranks, table, origin, path)
-  return Lookup(architecture, ranks, None, "default",
-                f"no tuning table for {architecture} x {ranks} ranks")
-
-
-def lookup(architecture: str | None, ranks: int) -> Lookup:
-  """The table that serves psums over `ranks` ranks on GPUs of
-  `architecture`, by the precedence of the module docstring.
-
-  In order: ``settings.tuning_file`` when it holds this pair's table (the
-  file is read whatever the pair, so a broken one fails at once); else,
-  for a known architecture, ``<settings.tuning_dir>/<file_name>``, then the
-  shipped ``SHIPPED_DIR/<file_name>``; else no table (the default rule).
-  Each file is read once and again only after its mtime or size changes.
-  The result is remembered per (architecture, ranks), replacing an earlier
-  one, for ``jax_llar.status()`` (`tables_seen`; `clear_cache` forgets).
-
-  Args:
-    architecture: e.g. ``"sm_90"`` (`architecture_name`); None when unknown
-      (devices that are not CUDA GPUs): only a forced file could serve, and
-      it never names None, so the default rule decides.
-    ranks: ranks per replica group. Not checked: a number no table can hold
-      (outside 2..MAX_RANKS) finds no file and gets the default rule.
-
-  Returns:
-    a `Lookup`: origin ``"file"``, ``"user"`` or ``"shipped"`` with the
-    table and its path in ``note``, or ``"default"`` with table None and in
-    ``note`` why there is none.
-
-  Raises:
-    TuningTableError: settings.tuning_file names a missing or broken file,
-      or a directory or another file that is not regular (checked whatever
-      the pair; never opened), or the file for the pair in the tuning
-      directory or among the shipped tables is broken, not a regular file,
-      or holds another pair's table (its name says one pair, its content
-      another). The message names the file and the setting or directory to
-      fix.
-
-  Example::
-
-    >>> found = lookup("sm_90", 2)  # with no user table: the shipped one
-    >>> found.origin, found.table.label
-    ('shipped', 'sm_90 x 2 ranks')
-    >>> lookup("sm_80", 4).note
-    'no tuning table for sm_80 x 4 ranks'
-  """
-  found = _lookup(architecture, ranks)
-  with _lock:
-    _seen[(architecture, ranks)] = found
-  return found
-
-
-def for_devices(devices: Iterable, ranks: int) -> Lookup:
-  """`lookup` for a psum over `ranks` ranks on `devices` (every device of
-  its replica groups).
-
-  The architecture is `architecture_of` each device (None for one that is
-  not a CUDA GPU). When all agree (or `devices` is empty: None), this is
-  ``lookup(architecture, ranks)``. Devices of several architectures (a
-  mix of known ones, or known and None) get no table and a
-  `Lookup.refusal`, because one psum takes one decision for all of its
-  devices: the lowering then falls back to lax.psum (dispatch reason
-  ``"architecture"``). That Lookup (architecture None, origin
-  ``"default"``) is remembered for ``jax_llar.status()`` under
-  (None, ranks); no file is read for it.
-
-  Args:
-    devices: the ``jax.Device`` objects (anything with ``platform`` and, for
-      GPUs, ``compute_capability``); iterated once.
-    ranks: ranks per replica group.
-
-  Returns:
-    a `Lookup`, as `lookup` gives it, or the refusal above.
-
-  Raises:
-    TuningTableError: as `lookup` (not for devices of several
-      architectures, which read no file).
-
-  Example::
-
-    >>> for_devices(jax.devices("cpu"), 2).note  # doctest: +SKIP
-    'architecture unknown (the devices are not CUDA GPUs)'
-  """
-  archs = {architecture_of(d) for d in devices}
-  if len(archs) > 1:
-    names = ", ".join(sorted(a or "unknown" for a in archs))
-    found = Lookup(None, ranks, None, "default",
-                   f"devices of several architectures ({names})",
-                   refusal=f"the devices of the replica groups differ in "
-                           f"architecture ({names}): one psum needs one decision "
-                           "for all of them")
-    with _lock:
-      _seen[(None, ranks)] = found
-    return found
-  return lookup(archs.pop() if archs else None, ranks)
-
-
-def tables_seen() -> list[dict[str, Any]]:
-  """What ``jax_llar.status()`` reports: per (architecture, ranks) that a
-  lowering looked up, the table in use (origin, path, rows, provenance
-  summary) or the default rule and why; sorted by architecture and ranks."""
-  with _lock:
-    found = list(_seen.values())
-  return [f.to_dict() for f in sorted(found, key=lambda f: (f.architecture or "", f.ranks))]
-
-
-def shipped() -> list[str]:
-  """Names of the shipped table files."""
-  return sorted(p.name for p in SHIPPED_DIR.glob("*ranks.json"))
-
-
-def clear_cache() -> None:
-  """Forgets the tables read and the pairs looked up (a test's, or after
-  writing a table in this process)."""
-  with _lock:
-    _files.clear()
-    _seen.clear()

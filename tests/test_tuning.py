@@ -5,7 +5,7 @@ The devices' architecture is what decides which table applies; CPU devices
 have none, so the tests that need one replace ``tuning.architecture_of``
 (the one function that reads it from a device). Settings are set per test
 and restored (monkeypatch), and the tables read are forgotten around each
-test (``tuning.clear_cache``). Nothing here is timed.
+test (``table_lookup.clear_cache``). Nothing here is timed.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from jax._src.sharding_impls import SPMDAxisContext
 from jax.sharding import PartitionSpec as P
 
 import jax_llar
-from jax_llar import dispatch, tuning
+from jax_llar import dispatch, table_lookup, tuning
 from jax_llar.algorithms import Algorithm
 from jax_llar.config import settings as llar_settings
 from jax_llar.tools import jax_level, tune_tables, tune_plan as tune
@@ -66,9 +66,9 @@ def _isolated(monkeypatch, tmp_path):
   table remembered before or after."""
   monkeypatch.setattr(llar_settings, "tuning_dir", str(tmp_path / "user"))
   monkeypatch.setattr(llar_settings, "tuning_file", "")
-  tuning.clear_cache()
+  table_lookup.clear_cache()
   yield
-  tuning.clear_cache()
+  table_lookup.clear_cache()
 
 
 @pytest.fixture
@@ -161,41 +161,41 @@ def test_architecture_names():
 def test_precedence(tmp_path, monkeypatch):
   user = pathlib.Path(llar_settings.tuning_dir)
   # Nothing for sm_80: the default rule, and why.
-  found = tuning.lookup("sm_80", 2)
+  found = table_lookup.lookup("sm_80", 2)
   assert (found.origin, found.table) == ("default", None)
   assert found.note == "no tuning table for sm_80 x 2 ranks"
   # sm_90 x 2: the shipped table.
-  found = tuning.lookup("sm_90", 2)
+  found = table_lookup.lookup("sm_90", 2)
   assert (found.origin, found.note) == ("shipped", str(SHIPPED_FILE))
   assert found.table == tuning.load(SHIPPED_FILE)
   # A table in the tuning directory comes first.
   _write(user / "sm_90-2ranks.json", _table(rows=[{"max_bytes": 2048,
                                                    "algorithm": "one_shot_ll"}]))
-  found = tuning.lookup("sm_90", 2)
+  found = table_lookup.lookup("sm_90", 2)
   assert (found.origin, found.table.rows[0].max_bytes) == ("user", 2048)
   assert found.table.source == str(user / "sm_90-2ranks.json")
   # The forced file, for its own pair, comes before both.
   forced = _write(tmp_path / "mine.json", _table(rows=[{"max_bytes": 64,
                                                          "algorithm": "one_shot_ll"}]))
   monkeypatch.setattr(llar_settings, "tuning_file", str(forced))
-  found = tuning.lookup("sm_90", 2)
+  found = table_lookup.lookup("sm_90", 2)
   assert (found.origin, found.table.rows[0].max_bytes, found.note) == (
       "file", 64, str(forced))
   # ... and leaves other pairs to the directory, the shipped tables, the rule.
-  assert tuning.lookup("sm_80", 2).origin == "default"
+  assert table_lookup.lookup("sm_80", 2).origin == "default"
   _write(user / "sm_90-4ranks.json", _table(ranks=4, rows=ROWS_4))
-  assert tuning.lookup("sm_90", 4).origin == "user"
+  assert table_lookup.lookup("sm_90", 4).origin == "user"
   # A forced file for another pair: the directory's table serves sm_90 x 2.
   _write(forced, _table(ranks=8))
-  assert tuning.lookup("sm_90", 2).origin == "user"
-  assert tuning.lookup("sm_90", 8).origin == "file"
+  assert table_lookup.lookup("sm_90", 2).origin == "user"
+  assert table_lookup.lookup("sm_90", 8).origin == "file"
   # The directory's file is read again after it changes.
   _write(user / "sm_90-2ranks.json", _table(rows=[{"max_bytes": 4096,
                                                    "algorithm": "one_shot_ll"}]))
   os.utime(user / "sm_90-2ranks.json", ns=(1, 1))
-  assert tuning.lookup("sm_90", 2).table.rows[0].max_bytes == 4096
+  assert table_lookup.lookup("sm_90", 2).table.rows[0].max_bytes == 4096
   # Unknown architecture (not CUDA GPUs): no table, the default rule.
-  found = tuning.lookup(None, 2)
+  found = table_lookup.lookup(None, 2)
   assert (found.origin, found.table) == ("default", None)
   assert "architecture unknown" in found.note
 
@@ -207,18 +207,18 @@ def test_broken_or_misnamed_files_fail_naming_them(tmp_path, monkeypatch):
   with pytest.raises(tuning.TuningTableError,
                      match="holds the table for sm_90 x 4 ranks, but its name is for "
                            "sm_90 x 2 ranks") as e:
-    tuning.lookup("sm_90", 2)
+    table_lookup.lookup("sm_90", 2)
   assert str(path) in str(e.value) and "JAX_LLAR_TUNING_DIR" in str(e.value)
   # A broken forced file fails whatever the pair, even an unknown one.
   forced = _write(tmp_path / "bad.json", "{")
   monkeypatch.setattr(llar_settings, "tuning_file", str(forced))
   for pair in (("sm_80", 2), (None, 4)):
     with pytest.raises(tuning.TuningTableError, match="is not JSON") as e:
-      tuning.lookup(*pair)
+      table_lookup.lookup(*pair)
     assert str(forced) in str(e.value) and "JAX_LLAR_TUNING_FILE" in str(e.value)
   monkeypatch.setattr(llar_settings, "tuning_file", str(tmp_path / "missing.json"))
   with pytest.raises(tuning.TuningTableError, match="missing.json: does not exist"):
-    tuning.lookup("sm_90", 2)
+    table_lookup.lookup("sm_90", 2)
 
 
 # --- decisions through the lowering -----------------------------------------------------

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, given, settings as hyp_settings, strategies 
 from jax.sharding import PartitionSpec as P
 
 import jax_llar
-from jax_llar import jsonfile, tuning
+from jax_llar import jsonfile, table_lookup, tuning
 from jax_llar.tools import tune_tables
 from jax_llar.config import settings as llar_settings
 
@@ -65,9 +65,9 @@ GOOD_RESULTS = {"env": {"compute_capabilities": ["9.0"], "devices": ["H200", "H2
 def _isolated(monkeypatch, tmp_path):
   monkeypatch.setattr(llar_settings, "tuning_dir", str(tmp_path / "user"))
   monkeypatch.setattr(llar_settings, "tuning_file", "")
-  tuning.clear_cache()
+  table_lookup.clear_cache()
   yield
-  tuning.clear_cache()
+  table_lookup.clear_cache()
 
 
 def _fifo(path: pathlib.Path) -> pathlib.Path:
@@ -178,7 +178,7 @@ def test_a_directory_or_a_fifo_is_said_to_be_one_and_never_opened(tmp_path, monk
     assert str(out["error"]) == f"jax_llar tuning table {path}: {what}"
     # As the tuning file setting: the same, naming the setting.
     monkeypatch.setattr(llar_settings, "tuning_file", str(path))
-    out = _within(10, lambda: tuning.lookup("sm_90", 2), fifo)
+    out = _within(10, lambda: table_lookup.lookup("sm_90", 2), fifo)
     assert isinstance(out.get("error"), tuning.TuningTableError), out
     assert str(out["error"]).startswith(f"jax_llar tuning table {path}: {what} ("), out
     assert "JAX_LLAR_TUNING_FILE" in str(out["error"])
@@ -195,12 +195,12 @@ def test_a_directory_or_fifo_in_the_tuning_directory_is_reported(tmp_path):
   (user / "sm_90-2ranks.json").mkdir()
   _fifo(user / "sm_90-4ranks.json")
   with pytest.raises(tuning.TuningTableError, match="is a directory") as e:
-    tuning.lookup("sm_90", 2)
+    table_lookup.lookup("sm_90", 2)
   assert "JAX_LLAR_TUNING_DIR" in str(e.value)
-  out = _within(10, lambda: tuning.lookup("sm_90", 4), user / "sm_90-4ranks.json")
+  out = _within(10, lambda: table_lookup.lookup("sm_90", 4), user / "sm_90-4ranks.json")
   assert "a FIFO" in str(out.get("error")), out
   # No file there at all: the shipped table, as before.
-  assert tuning.lookup("sm_80", 2).origin == "default"
+  assert table_lookup.lookup("sm_80", 2).origin == "default"
 
 
 def test_a_file_replaced_by_a_fifo_after_the_check_does_not_block(tmp_path, monkeypatch):

@@ -53,7 +53,7 @@ import time
 
 from absl import flags
 
-from jax_llar import tuning
+from jax_llar import table_lookup, tuning
 from jax_llar.algorithms import MAX_BYTES, MAX_RANKS, NON_DETERMINISTIC, Algorithm
 from jax_llar.config import settings
 from jax_llar.tools import _cli, host, progress, report, tune_tables
@@ -321,7 +321,7 @@ def verify(tuned_rows, devices) -> int:
     print("jax_llar.tools.tune: --verify reads the tables from the tuning directory "
           f"({settings.tuning_dir}); --out {OUT.value} is elsewhere, so nothing to verify")
     return 1
-  tuning.clear_cache()
+  table_lookup.clear_cache()
   best = fastest(tuned_rows)
   units = sorted({(r["world_size"], r["bytes_per_rank"], r["dtype"]) for r in tuned_rows})
   by_name = {str(jax_level.DTYPES[d]): d for d in jax_level.DTYPES}
@@ -355,7 +355,7 @@ def verify(tuned_rows, devices) -> int:
   found = verdicts(rows)
   result = {"env": report.environment(), "level": "tune-verify",
             "architecture": tuning.architecture_of(devices[0]), "rows": rows,
-            "verdicts": found, "tables": tuning.tables_seen(),
+            "verdicts": found, "tables": table_lookup.tables_seen(),
             "settings": {"k_short": K_SHORT.value, "k_long": K_LONG.value,
                          "long_chain_bytes": LONG_CHAIN_BYTES.value,
                          "calls": CALLS.value, "rounds": ROUNDS.value,
