@@ -44,6 +44,7 @@ PUBLIC_MODULES = (
     "jax_llar.table_lookup",
     "jax_llar.signature",
     "jax_llar.distributed",
+    "jax_llar.agreement",
     "jax_llar.tools.launch",
 )
 
@@ -61,6 +62,7 @@ INTERNAL_MODULES = (
     "jax_llar.inputs",
     "jax_llar.reports",
     "jax_llar.jsonfile",
+    "jax_llar.native_bounds",
     "jax_llar.comm",
 )
 

@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import jax
 
-from jax_llar import _ext, distributed, inputs, tuning
+from jax_llar import _ext, agreement, distributed, inputs, tuning
 from jax_llar.algorithms import Algorithm
 from jax_llar.config import settings
 
@@ -191,7 +191,7 @@ def get_or_create_spanning(groups: Sequence[Sequence[tuple[int, int]]],
     mod = _ext.load()
     if mod is None:
       raise CommError(_ext.reason() or "extension unavailable")
-    kv = distributed.store()
+    kv = agreement.store()
     if kv is None:
       err = CommError("the replica groups span processes and jax.distributed is not "
                       "initialised (jax.distributed.initialize): its key-value store "
@@ -207,19 +207,20 @@ def get_or_create_spanning(groups: Sequence[Sequence[tuple[int, int]]],
           mod, kv, groups, me, record, int(settings.timeout_ms) * 1_000_000, ordinals)
     except Exception as e:  # SpanError, or anything else: remembered, never retried
       # (a retry would post the same keys again, which the store refuses).
-      err = CommError(str(e) if isinstance(e, distributed.SpanError)
+      err = CommError(str(e) if isinstance(e, agreement.SpanError)
                       else f"{type(e).__name__}: {e}")
       _sets[key] = err
       raise err from None
     skey = distributed.set_key(groups)
     members = [sorted({p for p, _ in g}) for g in groups]
 
-    def agreement(algorithm: Algorithm):
+    def region_agreement(algorithm: Algorithm):
       return distributed.region_agreement(kv, skey, int(algorithm), members, order, me)
 
     local = tuple(tuple(ordinals[d] for p, d in groups[gi] if p == me) for gi in order)
     cs = CommSet(comm_id=comm_id, key=int(mod.comm_key(comm_id)), groups=local,
-                 world_size=world, agreement=agreement, agreed_inputs=record["inputs"])
+                 world_size=world, agreement=region_agreement,
+                 agreed_inputs=record["inputs"])
     _sets[key] = cs
     return cs
 

@@ -38,7 +38,7 @@ from jax._src import mesh as mesh_lib
 from jax._src.interpreters import pxla
 from jax._src.sharding_impls import SPMDAxisContext
 
-from jax_llar import _ext, comm, distributed, inputs, log, policy, table_lookup
+from jax_llar import _ext, agreement, comm, inputs, log, policy, table_lookup
 from jax_llar.algorithms import MAX_BYTES
 from jax_llar.config import settings
 
@@ -94,7 +94,7 @@ def _refused_by_environment(groups, platform: str,
   if others:
     return ("platform", f"the mesh holds non-GPU devices ({', '.join(others)}): "
             "the fast path is CUDA-only")
-  if comm.spans_processes(devices) and distributed.store() is None:
+  if comm.spans_processes(devices) and agreement.store() is None:
     return ("multiprocess", "the replica groups span processes and "
             "jax.distributed is not initialised: call jax.distributed.initialize "
             "(its key-value store carries the communicators' ids)")

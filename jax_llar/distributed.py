@@ -83,46 +83,15 @@ import hashlib
 import json
 import os
 import socket
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 from jax_llar import log
+from jax_llar.agreement import (GO, KeyValueStore, SpanError, agreed, bootstrap_timeout_ms,
+                                 post, read_all, verdict)
 from jax_llar.inputs import decision_inputs
-from jax_llar.config import settings
 
 # Key prefix in the key-value store (bumped when the records change).
 KEY_PREFIX = "jax_llar/v1"
-
-
-class KeyValueStore(Protocol):
-  """What jax_llar uses of jax.distributed's client
-  (``jax._src.distributed.global_state.client``)."""
-
-  def key_value_set(self, key: str, value: str) -> None:
-    """Stores `value` under `key`; raises when the key exists already (the
-    store keeps the first value: `verdict` relies on it)."""
-
-  def blocking_key_value_get(self, key: str, timeout_in_ms: int) -> str:
-    """The value of `key`, waiting for it at most `timeout_in_ms` ms; raises
-    when it does not appear in time."""
-
-
-class SpanError(RuntimeError):
-  """The processes of a set cannot share a communicator (the message says
-  why, in the same words in every process)."""
-
-
-def store() -> KeyValueStore | None:
-  """The jax.distributed key-value store client; None before
-  ``jax.distributed.initialize``."""
-  from jax._src import distributed  # pylint: disable=g-import-not-at-top
-  return distributed.global_state.client
-
-
-def bootstrap_timeout_ms() -> int:
-  """Bound of every read of the key-value store, milliseconds: the larger
-  of 60 s and twice the kernels' bounded wait (JAX_LLAR_TIMEOUT_MS), so that
-  processes that compile at different speeds still meet."""
-  return max(60_000, 2 * int(settings.timeout_ms))
 
 
 def host_identity() -> str:
@@ -143,81 +112,6 @@ def set_key(groups: Sequence[Sequence[tuple[int, int]]]) -> str:
   process (a device of another process has no CUDA ordinal here)."""
   text = json.dumps([[list(m) for m in g] for g in groups])
   return f"{KEY_PREFIX}/set/{hashlib.sha256(text.encode()).hexdigest()[:24]}"
-
-
-def _post(kv: KeyValueStore, base: str, me: int, mine: str) -> None:
-  """Posts `mine` under base/<me>.
-
-  Raises:
-    SpanError: the store refused the post.
-  """
-  try:
-    kv.key_value_set(f"{base}/{me}", mine)
-  except Exception as e:  # the client's own errors (ALREADY_EXISTS, shutdown)
-    raise SpanError(f"could not post {base}/{me} ({type(e).__name__}: {e})") from None
-
-
-def _read_all(kv: KeyValueStore, base: str, processes: Sequence[int], me: int,
-              mine: str, timeout_ms: int) -> dict[int, str]:
-  """Posts `mine` under base/<me> and returns every process's value.
-
-  Raises:
-    SpanError: a process did not post within `timeout_ms` (its text names
-      it); this process's own post could not be made.
-  """
-  _post(kv, base, me, mine)
-  out = {}
-  for p in processes:
-    try:
-      out[p] = mine if p == me else kv.blocking_key_value_get(f"{base}/{p}", timeout_ms)
-    except Exception as e:  # the client raises its own errors (deadline, shutdown)
-      raise SpanError(f"process {p} did not post {base} within {timeout_ms} ms "
-                      f"({type(e).__name__}: {e})") from None
-  return out
-
-
-# A verdict's value when every process may go on.
-GO = "go"
-
-
-def verdict(kv: KeyValueStore, base: str, proposal: str, timeout_ms: int) -> str:
-  """The one verdict of a step for every process: the first proposal
-  written to base/verdict wins (the store refuses a second write of a key),
-  and every process acts on the winner. A process that saw every post
-  proposes GO; one that timed out, or saw a failure, proposes why not. So a
-  late process never enters a collective call that an early one gave up on
-  (it reads the early one's refusal), and an early one never gives up on a
-  collective that a late one enters.
-
-  Raises:
-    SpanError: the verdict could be neither written nor read.
-  """
-  key = f"{base}/verdict"
-  try:
-    kv.key_value_set(key, proposal)
-    return proposal
-  except Exception:  # another process wrote it first: read that one
-    pass
-  try:
-    return kv.blocking_key_value_get(key, timeout_ms)
-  except Exception as e:
-    raise SpanError(f"no verdict at {key} ({type(e).__name__}: {e})") from None
-
-
-def _agreed(kv: KeyValueStore, base: str, processes: Sequence[int], me: int, mine: str,
-            timeout_ms: int, judge: Callable[[dict[int, str]], str]) -> None:
-  """`_read_all`, then `verdict` on `judge(values)` (GO, or why not; a
-  timeout proposes its own text); raises SpanError with the verdict's text
-  unless it is GO. Returns on GO without reading the posts again (no caller
-  needs them): a process whose reads timed out follows a GO that another
-  process wrote, as `_region_verdict` does, and never refuses alone."""
-  try:
-    proposal = judge(_read_all(kv, base, processes, me, mine, timeout_ms))
-  except SpanError as e:
-    proposal = str(e)
-  final = verdict(kv, base, proposal, timeout_ms)
-  if final != GO:
-    raise SpanError(final)
 
 
 def agree_on_set(kv: KeyValueStore, key: str, processes: Sequence[int], me: int,
@@ -241,7 +135,7 @@ def agree_on_set(kv: KeyValueStore, key: str, processes: Sequence[int], me: int,
                 "have the same jax_llar settings and tuning tables")
     return GO
 
-  _agreed(kv, f"{key}/record", processes, me, json.dumps(record, sort_keys=True),
+  agreed(kv, f"{key}/record", processes, me, json.dumps(record, sort_keys=True),
           timeout_ms, judge)
 
 
@@ -349,7 +243,7 @@ def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], 
     # post the outcome for them and propose it at once.
     failure = f"creating the communicators failed in process {me}: {error}"
     try:
-      _post(kv, base, me, error)
+      post(kv, base, me, error)
     except SpanError:
       pass  # the others then time out, and every process reads the verdict
     final = verdict(kv, base, failure, timeout_ms)
@@ -363,7 +257,7 @@ def create(mod, kv: KeyValueStore, groups: Sequence[Sequence[tuple[int, int]]], 
     return GO
 
   try:
-    _agreed(kv, base, processes, me, "ok", timeout_ms, judge)
+    agreed(kv, base, processes, me, "ok", timeout_ms, judge)
   except BaseException:  # refused (or interrupted): this set will never be used
     _release(mod, comm_id)
     raise
@@ -439,7 +333,7 @@ def _region_verdict(kv: KeyValueStore, base: str, processes: Sequence[int], me: 
   read (the store failed in this process)."""
   if local_error:
     try:
-      _post(kv, base, me, local_error)
+      post(kv, base, me, local_error)
     except SpanError:
       pass  # the others then time out, and every process reads the verdict
     try:
@@ -448,7 +342,7 @@ def _region_verdict(kv: KeyValueStore, base: str, processes: Sequence[int], me: 
       pass
     return False
   try:
-    posts = _read_all(kv, base, processes, me, ok, timeout_ms)
+    posts = read_all(kv, base, processes, me, ok, timeout_ms)
     bad = [f"process {p}: {v}" for p, v in sorted(posts.items()) if v != ok]
     proposal = f"{what} failed ({'; '.join(bad)})" if bad else GO
   except SpanError as e:

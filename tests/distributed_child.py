@@ -19,11 +19,11 @@ launch.initialize()
 
 import jax  # noqa: E402
 
-from jax_llar import distributed  # noqa: E402
+from jax_llar import agreement, distributed  # noqa: E402
 import test_distributed as td  # noqa: E402
 
 groups = [[(0, 0), (1, 1)]]  # (process, device id)
-kv = distributed.store()
+kv = agreement.store()
 me = jax.process_index()
 native = td.Native()
 comm_id, order = distributed.create(native, kv, groups, me,

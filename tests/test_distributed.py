@@ -18,7 +18,7 @@ import pytest
 from jax._src.sharding_impls import SPMDAxisContext
 from jax.sharding import Mesh
 
-from jax_llar import _ext, comm, dispatch, distributed, inputs
+from jax_llar import _ext, agreement, comm, dispatch, distributed, inputs
 from jax_llar.algorithms import Algorithm
 from jax_llar.config import settings
 
@@ -104,7 +104,7 @@ def _run(groups, records, natives, timeout_ms=5000):
     try:
       out[me] = distributed.create(natives[me], kv, groups, me, records[me], 1000,
                                    _ordinals(groups, me), timeout_ms=timeout_ms)
-    except distributed.SpanError as e:
+    except agreement.SpanError as e:
       out[me] = e
 
   threads = [threading.Thread(target=one, args=(p,)) for p in records]
@@ -147,7 +147,7 @@ def test_f10_two_processes_of_two_gpus_cross_and_local_groups():
 def test_f10_groups_across_nodes_are_refused_alike_in_every_process():
   out, kv = _run([[(0, 0), (1, 1)]], {0: _record("node-a"), 1: _record("node-b")},
                  {0: Native(), 1: Native()})
-  assert all(isinstance(e, distributed.SpanError) for e in out.values())
+  assert all(isinstance(e, agreement.SpanError) for e in out.values())
   assert str(out[0]) == str(out[1]) and "spans 2 nodes" in str(out[0])
   assert not any("/uid/" in k for k in kv.values)  # no communicator was started
 
@@ -162,7 +162,7 @@ def test_f10_the_native_set_up_gets_the_store_bound():
   # of one process, which waits for nobody).
   native = Native()
   distributed.create(native, Store(), [[(0, 0), (0, 1)]], 0, _record(), 1000, {0: 0, 1: 1})
-  assert native.setup_timeout_ms == distributed.bootstrap_timeout_ms() >= 60_000
+  assert native.setup_timeout_ms == agreement.bootstrap_timeout_ms() >= 60_000
 
 
 def test_f10_a_peer_stuck_in_nccl_set_up_ends_in_the_step_error_in_every_process():
@@ -184,7 +184,7 @@ def test_f10_a_peer_stuck_in_nccl_set_up_ends_in_the_step_error_in_every_process
     try:
       distributed.create(natives[me], kv, groups, me, _record(), 1000, {me: 0},
                          timeout_ms=4000)
-    except distributed.SpanError as e:
+    except agreement.SpanError as e:
       out[me] = (str(e), time.monotonic() - start)
 
   threads = {p: threading.Thread(target=one, args=(p,)) for p in (0, 1)}
@@ -389,7 +389,7 @@ def test_f10_any_exception_of_the_native_creation_is_posted_as_the_failure():
 
   natives = {0: Native(), 1: Odd()}
   out, kv = _run([[(0, 0), (1, 1)]], {0: _record(), 1: _record()}, natives, timeout_ms=20_000)
-  assert all(isinstance(e, distributed.SpanError) for e in out.values()), out
+  assert all(isinstance(e, agreement.SpanError) for e in out.values()), out
   assert str(out[0]) == str(out[1]) == (
       f"creating the communicators failed in process 1: UnicodeDecodeError: {bad}")
   assert natives[0].destroyed == [3]
@@ -406,7 +406,7 @@ def test_f10_groups_that_share_some_but_not_all_processes_are_refused_alike():
   groups = [[(0, 0), (1, 2)], [(0, 1), (2, 3)]]
   natives = {p: Native() for p in range(3)}
   out, kv = _run(groups, {p: _record() for p in range(3)}, natives)
-  assert all(isinstance(e, distributed.SpanError) for e in out.values()), out
+  assert all(isinstance(e, agreement.SpanError) for e in out.values()), out
   assert str(out[0]) == str(out[1]) == str(out[2])
   assert "share process(es) 0 but not all their processes" in str(out[0])
   assert kv.values == {} and all(n.specs is None for n in natives.values())
@@ -419,7 +419,7 @@ def test_f10_groups_that_share_some_but_not_all_processes_are_refused_alike():
 def test_f10_a_process_that_never_arrives_ends_in_an_error_not_a_hang():
   kv = Store()
   native = Native()
-  with pytest.raises(distributed.SpanError, match="process 1 did not post"):
+  with pytest.raises(agreement.SpanError, match="process 1 did not post"):
     distributed.create(native, kv, [[(0, 0), (1, 1)]], 0, _record(), 1000, {0: 0},
                        timeout_ms=200)
   assert native.destroyed == []  # refused at the agreement: no set was made
@@ -449,7 +449,7 @@ def test_region_agreement_all_or_none():
   # The two stages of one region have keys of their own.
   assert both({0: "", 1: ""}, "c", distributed.REGISTERED) == {0: True, 1: True}
   assert both({0: "", 1: ""}, "c", distributed.ALLOCATED) == {0: True, 1: True}
-  assert kv.values["c/region/1/0/registered/verdict"] == distributed.GO
+  assert kv.values["c/region/1/0/registered/verdict"] == agreement.GO
   assert kv.values["c/region/1/0/registered/1"] == "registered"
   assert kv.values["c/region/1/0/1"] == "ok"
   # A peer that never posts: False after the timeout, never an exception.
@@ -550,7 +550,7 @@ def test_f10_a_region_go_is_followed_by_a_process_whose_reads_timed_out():
   kv = Store()
   base = "k/region/1/0/registered"
   kv.key_value_set(f"{base}/0", "registered")
-  kv.key_value_set(f"{base}/verdict", distributed.GO)
+  kv.key_value_set(f"{base}/verdict", agreement.GO)
 
   class Deaf(Store):
     """Posts go through; every read of a post times out, the verdict's
@@ -627,7 +627,7 @@ def test_f10_lowering_spanning_processes_bootstraps_through_the_store(monkeypatc
   monkeypatch.setattr(_ext, "_reason", None)
   monkeypatch.setattr(comm, "_sets", {})
   monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
-  monkeypatch.setattr(distributed, "store", lambda: Store())
+  monkeypatch.setattr(agreement, "store", lambda: Store())
   seen = {}
 
   def create(mod, kv, groups, me, record, timeout_ns, ordinals, timeout_ms=None):
@@ -652,7 +652,7 @@ def test_f10_lowering_spanning_processes_bootstraps_through_the_store(monkeypatc
   d = dispatch.decide(ctx, aval, ("x",), platform="cuda")
   assert d.reason == "communicator" and "inputs changed" in d.detail and "max_bytes" in d.detail
   # Without jax.distributed: refused, once, saying what to call.
-  monkeypatch.setattr(distributed, "store", lambda: None)
+  monkeypatch.setattr(agreement, "store", lambda: None)
   monkeypatch.setattr(comm, "_sets", {})
   caplog.set_level(logging.INFO, logger="jax_llar")
   d = dispatch.decide(ctx, aval, ("x",), platform="cuda")
@@ -711,9 +711,9 @@ def test_f10_a_late_process_follows_the_early_ones_refusal_and_never_enters_nccl
   first verdict written wins, or it would enter ncclCommInitRank alone."""
   kv, groups = Store(), [[(0, 0), (1, 1)]]
   natives = {0: Native(), 1: Native()}
-  with pytest.raises(distributed.SpanError, match="process 0 did not post") as early:
+  with pytest.raises(agreement.SpanError, match="process 0 did not post") as early:
     distributed.create(natives[1], kv, groups, 1, _record(), 1000, {1: 0}, timeout_ms=100)
-  with pytest.raises(distributed.SpanError) as late:
+  with pytest.raises(agreement.SpanError) as late:
     distributed.create(natives[0], kv, groups, 0, _record(), 1000, {0: 0}, timeout_ms=2000)
   assert str(late.value) == str(early.value)
   assert natives[0].specs is None and natives[1].specs is None  # no NCCL call anywhere
@@ -728,7 +728,7 @@ def test_f10_a_go_verdict_is_followed_by_a_process_whose_reads_timed_out():
   kv = Store()
   base = "k/record"
   kv.key_value_set(f"{base}/0", "a")
-  kv.key_value_set(f"{base}/verdict", distributed.GO)
+  kv.key_value_set(f"{base}/verdict", agreement.GO)
 
   class Slow(Store):
     def __init__(self, inner):
@@ -744,10 +744,10 @@ def test_f10_a_go_verdict_is_followed_by_a_process_whose_reads_timed_out():
       return self.inner.blocking_key_value_get(key, timeout_in_ms)
 
   slow = Slow(kv)
-  distributed._agreed(slow, base, [0, 1], 1, "b", 100,
-                      lambda v: distributed.GO)  # pylint: disable=protected-access
+  agreement.agreed(slow, base, [0, 1], 1, "b", 100,
+                      lambda v: agreement.GO)  # pylint: disable=protected-access
   assert slow.calls == 2  # the missed read, then the verdict; no post read again
-  assert kv.values[f"{base}/verdict"] == distributed.GO
+  assert kv.values[f"{base}/verdict"] == agreement.GO
 
 
 def test_f10_a_go_at_made_is_followed_by_a_process_that_cannot_read_the_posts():
@@ -759,10 +759,10 @@ def test_f10_a_go_at_made_is_followed_by_a_process_that_cannot_read_the_posts():
   key = distributed.set_key(groups)
   kv = Store()
   kv.key_value_set(f"{key}/record/0", '{"host": "h", "inputs": {}}')
-  kv.key_value_set(f"{key}/record/verdict", distributed.GO)
+  kv.key_value_set(f"{key}/record/verdict", agreement.GO)
   kv.key_value_set(f"{key}/uid/0", bytes(128).hex())
   kv.key_value_set(f"{key}/made/0", "ok")
-  kv.key_value_set(f"{key}/made/verdict", distributed.GO)
+  kv.key_value_set(f"{key}/made/verdict", agreement.GO)
 
   class Deaf:
     def key_value_set(self, k, value):

@@ -294,7 +294,7 @@ ALLOWED = [
     ("jax_llar/tools/tune.py", "within 5% of the best single choice; 3x",
      "issue 11's JAX-level criteria that --verify applies (tune_plan.verdicts' "
      "slack and speedup defaults; rules, not measurements)"),
-    ("jax_llar/distributed.py", "of 60 s and twice the kernels' bounded wait",
+    ("jax_llar/agreement.py", "of 60 s and twice the kernels' bounded wait",
      "the bound `bootstrap_timeout_ms` puts on every read of the key-value store "
      "(max(60_000, 2 * timeout_ms); a setting)"),
 ]

@@ -2,7 +2,7 @@
 from the environment (issue 23, items A and B), on CPU.
 
 A: every value a numeric setting accepts fits each native parameter it
-reaches (``config.NATIVE_PARAMETERS``, whose C++ types are checked here
+reaches (``native_bounds.NATIVE_PARAMETERS``, whose C++ types are checked here
 against ffi/src/module.cc, registry.h and args.h), and a failure of creating
 a communicator set, whatever its kind, is a logged fallback to lax.psum.
 B: unknown settings raise AttributeError; string settings are stripped and
@@ -31,7 +31,7 @@ from jax._src.sharding_impls import SPMDAxisContext
 from jax.sharding import Mesh, PartitionSpec as P
 
 import jax_llar
-from jax_llar import _ext, comm, config, dispatch
+from jax_llar import _ext, comm, config, dispatch, native_bounds
 from jax_llar.algorithms import Algorithm
 from jax_llar.config import settings as llar_settings
 
@@ -94,8 +94,8 @@ def test_the_native_table_states_the_cpp_types():
   forwards = {"create_comm_set": "CreateCommSet",
               "create_comm_set_of_ranks": "CreateCommSetOfRanks"}
   checked = 0
-  for p in config.NATIVE_PARAMETERS:
-    assert p.ctype in config.CPP_INTEGER_RANGES, p
+  for p in native_bounds.NATIVE_PARAMETERS:
+    assert p.ctype in native_bounds.CPP_INTEGER_RANGES, p
     assert p.setting in FIELDS and p.scale >= 1, p
     if p.source == "ffi/src/module.cc":
       assert _binding_parameters(module, p.function)[p.parameter] == p.ctype, p
@@ -110,17 +110,17 @@ def test_the_native_table_states_the_cpp_types():
       assert p.source == "jaxlib", p  # checked live below
   assert checked >= 3
   # Every use of a setting's value with a native parameter is in the table.
-  assert {p.setting for p in config.NATIVE_PARAMETERS} == set(NUMERIC)
+  assert {p.setting for p in native_bounds.NATIVE_PARAMETERS} == set(NUMERIC)
 
 
 def test_the_native_ranges():
-  assert config.CPP_INTEGER_RANGES["uint64_t"] == (0, 2**64 - 1)
-  assert config.CPP_INTEGER_RANGES["int64_t"] == (-2**63, 2**63 - 1)
+  assert native_bounds.CPP_INTEGER_RANGES["uint64_t"] == (0, 2**64 - 1)
+  assert native_bounds.CPP_INTEGER_RANGES["int64_t"] == (-2**63, 2**63 - 1)
   assert config.TIMEOUT_MS_MAX == (2**64 - 1) // 1_000_000 == 18_446_744_073_709
-  assert config.native_range("timeout_ms") == (0, config.TIMEOUT_MS_MAX)
-  assert config.native_range("max_bytes") == (0, 2**32 - 1)
+  assert native_bounds.native_range("timeout_ms") == (0, config.TIMEOUT_MS_MAX)
+  assert native_bounds.native_range("max_bytes") == (0, 2**32 - 1)
   with pytest.raises(KeyError):
-    config.native_range("algorithm")
+    native_bounds.native_range("algorithm")
 
 
 def _free_port() -> int:
@@ -133,8 +133,8 @@ def test_jaxlibs_key_value_get_takes_the_largest_bootstrap_bound():
   """The jaxlib entry (int64_t timeout_in_ms), checked on the real binding:
   twice TIMEOUT_MS_MAX (bootstrap_timeout_ms) is taken, 2**63 refused."""
   from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
-  (entry,) = [p for p in config.NATIVE_PARAMETERS if p.source == "jaxlib"]
-  lo, hi = config.CPP_INTEGER_RANGES[entry.ctype]
+  (entry,) = [p for p in native_bounds.NATIVE_PARAMETERS if p.source == "jaxlib"]
+  lo, hi = native_bounds.CPP_INTEGER_RANGES[entry.ctype]
   address = f"localhost:{_free_port()}"
   service = _jax.get_distributed_runtime_service(address, 1)
   client = _jax.get_distributed_runtime_client(address, 0)
@@ -154,9 +154,9 @@ def test_jaxlibs_key_value_get_takes_the_largest_bootstrap_bound():
 
 def _reaches_natively(name: str, value: int) -> bool:
   """Whether every native parameter `name` reaches holds `value`."""
-  for p in config.NATIVE_PARAMETERS:
+  for p in native_bounds.NATIVE_PARAMETERS:
     if p.setting == name:
-      lo, hi = config.CPP_INTEGER_RANGES[p.ctype]
+      lo, hi = native_bounds.CPP_INTEGER_RANGES[p.ctype]
       if not lo <= value * p.scale <= hi:
         return False
   return True
@@ -250,7 +250,7 @@ class _Native:
     self.created = []
 
   def create_comm_set(self, groups, timeout_ns):
-    lo, hi = config.CPP_INTEGER_RANGES["uint64_t"]
+    lo, hi = native_bounds.CPP_INTEGER_RANGES["uint64_t"]
     if not lo <= timeout_ns <= hi:
       raise TypeError("create_comm_set(): incompatible function arguments. The following "
                       "argument types are supported:\n    1. create_comm_set(groups: "
