@@ -280,11 +280,12 @@ def main() -> int:
         psum_flags=tuple(PSUM_FLAG.value or jax_level.PSUM_FLAGS) if PSUM_FLAGS.value else (),
         flag_timeout_s=FLAG_TIMEOUT.value))
   paths = report.save(result, out_dir, report.stem(level, TAG.value),
-                      plot_title=report.machine_name())
+                      plot_title=report.machine_name(),
+                      plotter=loop_level.plot_loop if level == "loop" else None)
   if level == "jax":
     report.print_jax_table(result["rows"])
   elif level == "loop":
-    report.print_loop_table(result["rows"], result.get("flag_sets", {}))
+    loop_level.print_loop_table(result["rows"], result.get("flag_sets", {}))
   print(f"saved {', '.join(paths)}")
   bad = [r for r in result["rows"] if not r["correct"]]
   if bad:

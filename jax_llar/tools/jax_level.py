@@ -70,7 +70,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import jax_llar
 from jax_llar import testing
 from jax_llar.algorithms import Algorithm
-from jax_llar.tools import _native, copy as copy_call, traces
+from jax_llar.tools import _native, copy as copy_call, report, traces
 from jax_llar.tools.progress import Progress
 
 LLAR = Algorithm.ONE_SHOT_LL.impl
@@ -388,7 +388,9 @@ def _time_once(fn, x) -> float:
   return time.perf_counter() - t0
 
 
-def _took_fast_path(nbytes: int, dtype) -> bool:
+def took_fast_path(nbytes: int, dtype) -> bool:
+  """Whether the dispatch log holds a fast-path decision for a psum of
+  `nbytes` per rank of `dtype`."""
   return any(d.fast and d.bytes_per_rank == nbytes and d.dtype == str(np.dtype(dtype))
              for d in jax_llar.dispatch_log())
 
@@ -462,7 +464,7 @@ def measure(impls: Sequence[str], mesh: Mesh, dtype, nbytes: int, k_short: int,
     if algorithm is not None:
       fast = ran is algorithm
     elif impl.startswith("llar."):
-      fast = _took_fast_path(n * dtype.itemsize, dtype)
+      fast = took_fast_path(n * dtype.itemsize, dtype)
       ran = _ran(k_short, n * dtype.itemsize, dtype)
     else:
       fast = None
@@ -575,7 +577,7 @@ def call_anatomy(mesh: Mesh, dtype, nbytes: int, k_short: int, k_long: int,
     for k in (k_short, k_long):
       fn = build(k)
       got = np.asarray(fn(x)).reshape(world, n)
-      if not _took_fast_path(n * dtype.itemsize, dtype):
+      if not took_fast_path(n * dtype.itemsize, dtype):
         raise RuntimeError("call anatomy: the all-reduce fell back to lax.psum at "
                            f"{n * dtype.itemsize} bytes; no call trace to read")
       if name == "llar_chain":
@@ -686,7 +688,6 @@ def run(s: Settings) -> dict:
     RuntimeError: with fewer than two devices.
     ValueError: for settings `settings_errors` refuses.
   """
-  from jax_llar.tools import report
   devices = jax.devices()
   if len(devices) < 2:
     raise RuntimeError("the JAX level needs at least 2 devices")

@@ -61,7 +61,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -71,7 +71,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_llar
 from jax_llar import testing
-from jax_llar.tools import copy as copy_call, jax_level
+from jax_llar.tools import copy as copy_call, jax_level, report
 from jax_llar.tools.progress import Progress
 
 STRUCTURES = ("chain", "scan", "scan_unroll8", "fori", "fori_k8", "while",
@@ -381,7 +381,7 @@ def measure(structures: Sequence[str], impls: Sequence[str], mesh: Mesh, dtype,
       f_long = program(structure, impl, mesh, k_long, dtype)
       out = np.asarray(f_short(jax.device_put(host, sharding) if donates else x))
       out = out.reshape(world, n)
-      fast = (jax_level._took_fast_path(n * dtype.itemsize, dtype)  # pylint: disable=protected-access
+      fast = (jax_level.took_fast_path(n * dtype.itemsize, dtype)
               if impl.startswith("llar.") else None)
       refs = references_for(impl, structure, platform, fast)
       candidates = {}
@@ -506,7 +506,6 @@ def run(s: Settings) -> dict:
     ValueError: when a step count is not a multiple of `UNROLL`, or for
       sizes, dtypes or a world `jax_level.settings_errors` refuses.
   """
-  from jax_llar.tools import report
   if s.k_short % UNROLL or s.k_long % UNROLL:
     raise ValueError(f"the step counts must be multiples of {UNROLL}")
   devices = jax.devices()
@@ -536,3 +535,116 @@ def run(s: Settings) -> dict:
   return {"env": report.environment(), "level": "loop", "rows": rows,
           "flag_sets": sets, "flag_failures": failures,
           "dispatch": [d.to_dict() for d in jax_llar.dispatch_log()][-50:]}
+
+
+# --- the loop level's table and plot ------------------------------------------
+
+# Impl columns of the loop-level table, in this order.
+LOOP_TABLE_IMPLS = ("lax.psum", "llar.auto", "ffi.copy", "none")
+
+
+def _loop_groups(rows: list[dict]) -> dict:
+  """(flag_set, dtype, bytes_per_rank) -> {(structure, impl): row}."""
+  groups: dict = {}
+  for r in rows:
+    if "structure" not in r:
+      continue
+    key = (r.get("flag_set", "default"), r["dtype"], r["bytes_per_rank"])
+    groups.setdefault(key, {})[(r["structure"], r["impl"])] = r
+  return groups
+
+
+def _ordered(values, order) -> list:
+  return [v for v in order if v in values] + sorted(set(values) - set(order))
+
+
+def print_loop_table(rows: list[dict], flag_sets: dict[str, str] | None = None) -> None:
+  """Prints the loop-level tables: per flag set, dtype and size, one line
+  per structure and one column per impl with its per-step slope and, in
+  parentheses, the ratio to the same impl's chain; then, with more than one
+  flag set, llar.auto and lax.psum per structure under each flag set."""
+  groups = _loop_groups(rows)
+  if not groups:
+    return
+  sets = _ordered({k[0] for k in groups}, FLAG_SET_NAMES)
+  if flag_sets:
+    print("XLA flag sets:")
+    for name in sets:
+      print(f"  {name:26s} {flag_sets.get(name) or '(none added)'}")
+  for key in sorted(groups, key=lambda k: (sets.index(k[0]), k[1], k[2])):
+    g = groups[key]
+    impls = _ordered({i for _, i in g}, LOOP_TABLE_IMPLS)
+    structures = _ordered({s for s, _ in g}, STRUCTURES)
+    print(f"[{key[0]}] {key[1]} {key[2]} B per rank: us per step (ratio to chain)")
+    print(f"{'structure':16s} " + " ".join(f"{i:>19s}" for i in impls))
+    for s in structures:
+      cells = []
+      for i in impls:
+        r = g.get((s, i))
+        if r is None:
+          cells.append(f"{'-':>19s}")
+          continue
+        ratio = f"({r['ratio_to_chain']:5.2f})" if r["ratio_to_chain"] is not None else " " * 7
+        cells.append(f"{r['us_per_call']:8.2f} {ratio}{report.mark(r):2s}")
+      print(f"{s:16s} " + " ".join(f"{c:>19s}" for c in cells))
+  if len(sets) > 1:
+    for impl in ("llar.auto", "lax.psum"):
+      for dt, b in sorted({(k[1], k[2]) for k in groups}):
+        print(f"{impl} {dt} {b} B per rank, us per step under each flag set:")
+        w = max(12, *(len(n) for n in sets))
+        print(f"{'structure':16s} " + " ".join(f"{n:>{w}s}" for n in sets))
+        structures = _ordered({s for k, g in groups.items() for s, _ in g},
+                              STRUCTURES)
+        for s in structures:
+          cells = []
+          for n in sets:
+            r = groups.get((n, dt, b), {}).get((s, impl))
+            cells.append(f"{r['us_per_call']:{w - 2}.2f}{report.mark(r):2s}" if r else f"{'-':>{w}s}")
+          print(f"{s:16s} " + " ".join(cells))
+  print("(us per step: slope between the two step counts, median of all calls; "
+        "ratio: over the same impl's chain in the same flag set; '!' = the result "
+        "matched no reference; '*' = jax_llar fell back to lax.psum; while_psum_pred "
+        "does two collectives per step, the step's and the predicate's)")
+
+
+def plot_loop(rows: Iterable[dict], path: str, title: str) -> None:
+  """Bar chart of a loop-level result: per-step time (log scale) per
+  structure, one bar per impl, one panel per flag set, dtype and size;
+  saved as PNG at `path`.
+
+  Raises:
+    ImportError: when matplotlib is not installed.
+  """
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  groups = _loop_groups(list(rows))
+  if not groups:
+    return
+  sets = _ordered({k[0] for k in groups}, FLAG_SET_NAMES)
+  keys = sorted(groups, key=lambda k: (sets.index(k[0]), k[1], k[2]))
+  ncols = min(2, len(keys))
+  nrows = (len(keys) + ncols - 1) // ncols
+  fig, axes = plt.subplots(nrows, ncols, figsize=(8 * ncols, 4 * nrows), squeeze=False)
+  for ax in axes.flat[len(keys):]:
+    ax.set_visible(False)
+  for ax, key in zip(axes.flat, keys):
+    g = groups[key]
+    impls = _ordered({i for _, i in g}, LOOP_TABLE_IMPLS)
+    structures = _ordered({s for s, _ in g}, STRUCTURES)
+    width = 0.8 / max(1, len(impls))
+    for j, impl in enumerate(impls):
+      xs = [i + j * width for i in range(len(structures))]
+      ys = [max(g[(s, impl)]["us_per_call"], 1e-2) if (s, impl) in g else 0
+            for s in structures]
+      ax.bar(xs, ys, width, label=impl)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(structures))])
+    ax.set_xticklabels(structures, rotation=30, ha="right", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("us per step")
+    ax.set_title(f"{title} [{key[0]}] {key[1]} {key[2]} B", fontsize=9)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)

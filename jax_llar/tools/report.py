@@ -225,9 +225,10 @@ def write_json(path: str, doc: Any, overwrite: bool = True) -> None:
   write_atomic(path, write, overwrite)
 
 
-def save(result: dict, out_dir: str, name: str, plot_title: str | None = None) -> list[str]:
+def save(result: dict, out_dir: str, name: str, plot_title: str | None = None,
+         plotter: Callable[[Iterable[dict], str, str], None] | None = None) -> list[str]:
   """Writes `result` to ``out_dir/name.json`` and, with `plot_title`, a plot
-  to ``out_dir/name.png`` (`plot_loop` for a loop-level result, else
+  to ``out_dir/name.png`` (``plotter(rows, path, title)``, by default
   `plot`); creates `out_dir`. Never overwrites: when either
   file exists, the name gets a suffix ``-2``, ``-3``, ... (result files are a
   record). Both files are written atomically (`write_atomic`): a failure
@@ -249,8 +250,8 @@ def save(result: dict, out_dir: str, name: str, plot_title: str | None = None) -
   if plot_title is not None:
     png = os.path.join(out_dir, name + ".png")
     try:
-      plotter = plot_loop if result.get("level") == "loop" else plot
-      if write_atomic(png, lambda tmp: plotter(result["rows"], tmp, plot_title)):
+      draw = plotter or plot
+      if write_atomic(png, lambda tmp: draw(result["rows"], tmp, plot_title)):
         paths.append(png)
     except ImportError:
       print("matplotlib is not installed: no plot (pip install 'jax_llar[bench]')",
@@ -260,7 +261,9 @@ def save(result: dict, out_dir: str, name: str, plot_title: str | None = None) -
   return paths
 
 
-def _mark(r: dict | None) -> str:
+def mark(r: dict | None) -> str:
+  """A result row's mark in a table: "!" when its output matched no
+  reference, "*" when it did not take the fast path."""
   if r is None:
     return ""
   return ("" if r["correct"] else "!") + ("*" if r.get("fast_path") is False else "")
@@ -289,7 +292,7 @@ def print_jax_table(rows: list[dict]) -> None:
     for i in impls:
       r = v.get(i)
       cells.append(f"{r['us_per_call']:8.2f} [{r['us_round_min']:5.1f},{r['us_round_max']:5.1f}]"
-                   f"{_mark(r)}" if r else f"{'-':>22s}")
+                   f"{mark(r)}" if r else f"{'-':>22s}")
     line = f"{dt:9s} {b:8d} " + " ".join(f"{c:>22s}" for c in cells)
     if all(i in v for i in (LLAR, COPY, PSUM)) and v[LLAR].get("fast_path"):
       ll, cp, ps = (v[i]["us_per_call"] for i in (LLAR, COPY, PSUM))
@@ -337,115 +340,3 @@ def print_jax_table(rows: list[dict]) -> None:
              else f"{'-':>15s}")
     print(f"{dt:9s} {b:8d} " + " ".join(cells) + " " + ratio)
 
-
-# Impl columns of the loop-level table, in this order.
-LOOP_TABLE_IMPLS = ("lax.psum", "llar.auto", "ffi.copy", "none")
-
-
-def _loop_groups(rows: list[dict]) -> dict:
-  """(flag_set, dtype, bytes_per_rank) -> {(structure, impl): row}."""
-  groups: dict = {}
-  for r in rows:
-    if "structure" not in r:
-      continue
-    key = (r.get("flag_set", "default"), r["dtype"], r["bytes_per_rank"])
-    groups.setdefault(key, {})[(r["structure"], r["impl"])] = r
-  return groups
-
-
-def _ordered(values, order) -> list:
-  return [v for v in order if v in values] + sorted(set(values) - set(order))
-
-
-def print_loop_table(rows: list[dict], flag_sets: dict[str, str] | None = None) -> None:
-  """Prints the loop-level tables: per flag set, dtype and size, one line
-  per structure and one column per impl with its per-step slope and, in
-  parentheses, the ratio to the same impl's chain; then, with more than one
-  flag set, llar.auto and lax.psum per structure under each flag set."""
-  from jax_llar.tools import loop_level
-  groups = _loop_groups(rows)
-  if not groups:
-    return
-  sets = _ordered({k[0] for k in groups}, loop_level.FLAG_SET_NAMES)
-  if flag_sets:
-    print("XLA flag sets:")
-    for name in sets:
-      print(f"  {name:26s} {flag_sets.get(name) or '(none added)'}")
-  for key in sorted(groups, key=lambda k: (sets.index(k[0]), k[1], k[2])):
-    g = groups[key]
-    impls = _ordered({i for _, i in g}, LOOP_TABLE_IMPLS)
-    structures = _ordered({s for s, _ in g}, loop_level.STRUCTURES)
-    print(f"[{key[0]}] {key[1]} {key[2]} B per rank: us per step (ratio to chain)")
-    print(f"{'structure':16s} " + " ".join(f"{i:>19s}" for i in impls))
-    for s in structures:
-      cells = []
-      for i in impls:
-        r = g.get((s, i))
-        if r is None:
-          cells.append(f"{'-':>19s}")
-          continue
-        ratio = f"({r['ratio_to_chain']:5.2f})" if r["ratio_to_chain"] is not None else " " * 7
-        cells.append(f"{r['us_per_call']:8.2f} {ratio}{_mark(r):2s}")
-      print(f"{s:16s} " + " ".join(f"{c:>19s}" for c in cells))
-  if len(sets) > 1:
-    for impl in ("llar.auto", "lax.psum"):
-      for dt, b in sorted({(k[1], k[2]) for k in groups}):
-        print(f"{impl} {dt} {b} B per rank, us per step under each flag set:")
-        w = max(12, *(len(n) for n in sets))
-        print(f"{'structure':16s} " + " ".join(f"{n:>{w}s}" for n in sets))
-        structures = _ordered({s for k, g in groups.items() for s, _ in g},
-                              loop_level.STRUCTURES)
-        for s in structures:
-          cells = []
-          for n in sets:
-            r = groups.get((n, dt, b), {}).get((s, impl))
-            cells.append(f"{r['us_per_call']:{w - 2}.2f}{_mark(r):2s}" if r else f"{'-':>{w}s}")
-          print(f"{s:16s} " + " ".join(cells))
-  print("(us per step: slope between the two step counts, median of all calls; "
-        "ratio: over the same impl's chain in the same flag set; '!' = the result "
-        "matched no reference; '*' = jax_llar fell back to lax.psum; while_psum_pred "
-        "does two collectives per step, the step's and the predicate's)")
-
-
-def plot_loop(rows: Iterable[dict], path: str, title: str) -> None:
-  """Bar chart of a loop-level result: per-step time (log scale) per
-  structure, one bar per impl, one panel per flag set, dtype and size;
-  saved as PNG at `path`.
-
-  Raises:
-    ImportError: when matplotlib is not installed.
-  """
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  from jax_llar.tools import loop_level
-  groups = _loop_groups(list(rows))
-  if not groups:
-    return
-  sets = _ordered({k[0] for k in groups}, loop_level.FLAG_SET_NAMES)
-  keys = sorted(groups, key=lambda k: (sets.index(k[0]), k[1], k[2]))
-  ncols = min(2, len(keys))
-  nrows = (len(keys) + ncols - 1) // ncols
-  fig, axes = plt.subplots(nrows, ncols, figsize=(8 * ncols, 4 * nrows), squeeze=False)
-  for ax in axes.flat[len(keys):]:
-    ax.set_visible(False)
-  for ax, key in zip(axes.flat, keys):
-    g = groups[key]
-    impls = _ordered({i for _, i in g}, LOOP_TABLE_IMPLS)
-    structures = _ordered({s for s, _ in g}, loop_level.STRUCTURES)
-    width = 0.8 / max(1, len(impls))
-    for j, impl in enumerate(impls):
-      xs = [i + j * width for i in range(len(structures))]
-      ys = [max(g[(s, impl)]["us_per_call"], 1e-2) if (s, impl) in g else 0
-            for s in structures]
-      ax.bar(xs, ys, width, label=impl)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(structures))])
-    ax.set_xticklabels(structures, rotation=30, ha="right", fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel("us per step")
-    ax.set_title(f"{title} [{key[0]}] {key[1]} {key[2]} B", fontsize=9)
-    ax.grid(True, axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=6)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
