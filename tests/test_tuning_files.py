@@ -332,7 +332,7 @@ def test_tune_from_results_fails_with_one_line_for_each_bad_file(tmp_path):
       lines = out.splitlines()
       assert len(lines) == 1 and message in lines[0], (name, out)
       if name != "empty":
-        assert lines[0].startswith(f"jax_llar.tools.tune: no table written: {path}: "), out
+        assert lines[0].startswith(f"jax_llar.tools.tune: --from_results: no table written: {path}: "), out
   finally:
     for p in procs.values():
       if p.poll() is None:

@@ -197,9 +197,11 @@ def register_choices_validator(name: str, choices: Sequence[str], allow_empty: b
       f"{what or ', '.join(known)}")
 
 
-def writable_folder(path: str, flag: str = "out") -> str:
+def writable_folder(path: str, flag: str = "out", keep: bool = True) -> str:
   """Creates folder `path` (and its parents) and a temporary file in it, to
-  show that results can be written there; returns the absolute path.
+  show that results can be written there; returns the absolute path. With
+  `keep` False the folders it created are removed again (a tool that makes
+  the folder only when it writes).
 
   Raises:
     Refused: naming `flag` when the folder cannot be created or written.
@@ -209,6 +211,11 @@ def writable_folder(path: str, flag: str = "out") -> str:
   full = os.path.abspath(os.path.expanduser(path))
   if os.path.exists(full) and not os.path.isdir(full):
     raise Refused(f"--{flag}={path}: exists and is not a folder")
+  created = []
+  parent = full
+  while not os.path.exists(parent):
+    created.append(parent)
+    parent = os.path.dirname(parent)
   try:
     os.makedirs(full, exist_ok=True)
     fd, probe = tempfile.mkstemp(prefix=".jax_llar_probe_", dir=full)
@@ -216,6 +223,13 @@ def writable_folder(path: str, flag: str = "out") -> str:
     os.unlink(probe)
   except OSError as e:
     raise Refused(f"--{flag}={path}: cannot write there ({e.strerror or e})") from None
+  finally:
+    if not keep:
+      for folder in created:  # the deepest first
+        try:
+          os.rmdir(folder)
+        except OSError:
+          break
   return full
 
 

@@ -57,10 +57,10 @@ from jax_llar.tools import _cli, _native, host, jax_level, kernel_level, loop_le
 _ALL_IMPLS = jax_level.IMPLS + jax_level.DIAG_IMPLS
 PROG = "jax_llar.tools.bench"
 # Bounds of the integer flags (a run beyond them is not a benchmark anyone
-# waits for).
-MAX_STEPS = 16384
-MAX_CALLS = 1_000_000
-MAX_ROUNDS = 1000
+# waits for; the chains' and timing bounds are jax_level's).
+MAX_STEPS = jax_level.MAX_STEPS
+MAX_CALLS = jax_level.MAX_CALLS
+MAX_ROUNDS = jax_level.MAX_ROUNDS
 MAX_KERNEL_ITERS = 100_000
 MAX_FLAG_TIMEOUT_S = 86_400
 

@@ -102,8 +102,13 @@ PSUM_EXCESS_F32 = "psum_excess_f32"
 REFERENCES = (ROUNDED, EXCESS_F32, LAX_PSUM, PSUM_ROUNDED, PSUM_EXCESS_F32)
 # The models whose sums are JAX's (they need a `psum_sums` function).
 PSUM_MODELS = {PSUM_ROUNDED: ROUNDED, PSUM_EXCESS_F32: EXCESS_F32}
-# The largest payload per rank a run may ask for, bytes.
+# The largest payload per rank a run may ask for, bytes; and the bounds of
+# the chains' length, of the timed calls and of the timing rounds (a run
+# beyond them is not a benchmark anyone waits for).
 MAX_SIZE = 1 << 28
+MAX_STEPS = 16384
+MAX_CALLS = 1_000_000
+MAX_ROUNDS = 1000
 
 # A function from the ranks' values (one array per rank, one dtype and
 # shape) to every rank's lax.psum of them, in rank order.

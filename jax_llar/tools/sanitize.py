@@ -17,8 +17,6 @@ when any unit failed.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import subprocess
 import sys
 
@@ -41,13 +39,14 @@ UNIT_TIMEOUT_S = flags.DEFINE_float("unit_timeout_s", 420.0,
                                     upper_bound=3600.0)
 MAX_SECONDS = flags.DEFINE_float("max_seconds", None, "Start no run after this many "
                                  "seconds (those not started fail as not run).",
-                                 lower_bound=1.0)
+                                 lower_bound=1.0, upper_bound=7 * 86_400.0)
 SANITIZER = flags.DEFINE_string("sanitizer", None, "Path of compute-sanitizer (default: "
                                 "found on PATH, in CUDA_HOME/bin or beside nvcc).")
 JSON = flags.DEFINE_string("json", None, "Write the result to this file (default: "
                            "OUT/<machine>-<yyyymmdd>-sanitize<tag>.json).")
 OUT = flags.DEFINE_string("out", report.default_out_dir(), report.OUT_HELP)
-TAG = flags.DEFINE_string("tag", "", "Suffix of the result file name.")
+TAG = flags.DEFINE_string("tag", "", f"Suffix of the result file name: {_cli.TAG_RULE}.")
+_cli.register_tag_validator()
 
 
 def main() -> int:
@@ -65,6 +64,11 @@ def main() -> int:
             f"{MATRIX.value} (units: {', '.join(sorted(names))})")
       return 1
     units = tuple(u for u in units if u.name in UNITS.value)
+  # Where the result goes, before any work.
+  if JSON.value is not None:
+    _cli.writable_file(JSON.value, "json")
+  else:
+    _cli.writable_folder(OUT.value)
   sanitizer = sh.find_sanitizer(SANITIZER.value)
   if sanitizer is None:
     print("jax_llar.tools.sanitize needs NVIDIA's compute-sanitizer (CUDA toolkit): "
@@ -90,9 +94,7 @@ def main() -> int:
                        "units": [dataclasses.asdict(u) for u in units]},
             "rows": rows}
   if JSON.value:
-    os.makedirs(os.path.dirname(os.path.abspath(JSON.value)), exist_ok=True)
-    with open(JSON.value, "w") as f:
-      json.dump(result, f, indent=1)
+    report.write_json(JSON.value, result)
     path = JSON.value
   else:
     path = report.save(result, OUT.value, report.stem("sanitize", TAG.value))[0]

@@ -53,12 +53,15 @@ import time
 
 from absl import flags
 
-from jax_llar import table_lookup, tuning
+from jax_llar import jsonfile, table_lookup, tuning
 from jax_llar.algorithms import MAX_BYTES, MAX_RANKS, NON_DETERMINISTIC, Algorithm
 from jax_llar.config import settings
-from jax_llar.tools import _cli, host, progress, report, tune_tables
+from jax_llar.tools import _cli, host, jax_level, progress, report, tune_tables
 from jax_llar.tools.tune_plan import (AUTO, chain_lengths, default_ranks, default_sizes,
                                       fastest, from_results_command, verdicts)
+
+# The longest bound a run may be given, seconds (a week).
+MAX_RUN_SECONDS = 7 * 86_400
 
 # What a tuning table may choose: every algorithm but the non-deterministic
 # ones (floating-point atomics), which only JAX_LLAR_ALGORITHM runs.
@@ -87,28 +90,33 @@ SIZES = flags.DEFINE_list(
     "sizes", None, "Payload sizes, bytes per rank (default: powers of two from "
     "--min_bytes to --max_bytes).")
 MIN_BYTES = flags.DEFINE_integer("min_bytes", 8, "Smallest payload, bytes per rank.",
-                                 lower_bound=1)
+                                 lower_bound=1, upper_bound=jax_level.MAX_SIZE)
 MAX_BYTES_FLAG = flags.DEFINE_integer("max_bytes", 64 << 20,
-                                      "Largest payload, bytes per rank.", lower_bound=1)
+                                      "Largest payload, bytes per rank.", lower_bound=1,
+                                      upper_bound=jax_level.MAX_SIZE)
 DTYPES = flags.DEFINE_list("dtypes", ["f32", "bf16"],
                            "Element types: f32, bf16, f16 (or float32, bfloat16, float16).")
 ALGORITHMS = flags.DEFINE_list("algorithms", _NAMES,
                                "jax_llar algorithms to measure (lax.psum always is).")
-K_SHORT = flags.DEFINE_integer("k_short", 32, "Short chain length, steps.", lower_bound=1)
-K_LONG = flags.DEFINE_integer("k_long", 512, "Long chain length, steps.", lower_bound=2)
+K_SHORT = flags.DEFINE_integer("k_short", 32, "Short chain length, steps.", lower_bound=1,
+                               upper_bound=jax_level.MAX_STEPS - 1)
+K_LONG = flags.DEFINE_integer("k_long", 512, "Long chain length, steps.", lower_bound=2,
+                              upper_bound=jax_level.MAX_STEPS)
 LONG_CHAIN_BYTES = flags.DEFINE_integer(
     "long_chain_bytes", 256 << 10,
     "Above this payload per rank the chains are shortened in proportion.",
-    lower_bound=1)
+    lower_bound=1, upper_bound=jax_level.MAX_SIZE)
 CALLS = flags.DEFINE_integer("calls", 60,
                              "Timed calls per chain length and implementation.",
-                             lower_bound=1)
-ROUNDS = flags.DEFINE_integer("rounds", 6, "Interleaved timing rounds.", lower_bound=1)
+                             lower_bound=1, upper_bound=jax_level.MAX_CALLS)
+ROUNDS = flags.DEFINE_integer("rounds", 6, "Interleaved timing rounds.", lower_bound=1,
+                              upper_bound=jax_level.MAX_ROUNDS)
 MARGIN = flags.DEFINE_float(
     "margin", tune_tables.DEFAULT_MARGIN,
     "How much faster than lax.psum (a fraction) an algorithm must be at a size, "
     "for every dtype, to replace it there.", lower_bound=0.0, upper_bound=0.99)
-SEED = flags.DEFINE_integer("seed", 0, "Seed of the random inputs.")
+SEED = flags.DEFINE_integer("seed", 0, f"Seed of the random inputs {_cli.SEED_RANGE}.",
+                            **_cli.SEED_BOUNDS)
 ALLOW_UNSIGNED = flags.DEFINE_bool(
     "allow_unsigned", False,
     "Let the tables choose the algorithms whose lines carry no call signature "
@@ -127,10 +135,11 @@ MAX_SECONDS = flags.DEFINE_float(
     "Stop the tuning pass before a measurement that would start after this long "
     "(0: no limit); the tables are built from the sizes measured until then "
     "(larger sizes keep lax.psum), and the run says which were left out.",
-    lower_bound=0.0)
+    lower_bound=0.0, upper_bound=MAX_RUN_SECONDS)
 VERIFY_MAX_SECONDS = flags.DEFINE_float(
     "verify_max_seconds", 0.0,
-    "The same bound for the verification run (0: no limit).", lower_bound=0.0)
+    "The same bound for the verification run (0: no limit).", lower_bound=0.0,
+    upper_bound=MAX_RUN_SECONDS)
 VERIFY = flags.DEFINE_bool(
     "verify", False,
     "After writing the tables, a verification run: per size and dtype, lax.psum, "
@@ -143,6 +152,10 @@ VERIFY_FROM = flags.DEFINE_string(
     "Measure nothing but the verification run (see --verify) of the tables in "
     "the tuning directory, with the fastest algorithms of this saved tune result.")
 
+_cli.register_int_list_validator("ranks", 2, MAX_RANKS, "numbers of ranks")
+_cli.register_int_list_validator("sizes", 1, jax_level.MAX_SIZE, "sizes in bytes per rank")
+_cli.register_choices_validator("algorithms", _NAMES, what="jax_llar algorithms a table may "
+                                "choose (" + ", ".join(_NAMES) + ")")
 flags.register_validator(
     "dtypes", lambda v: bool(v) and all(d in ("f32", "bf16", "f16", "float32",
                                               "bfloat16", "float16") for d in v),
@@ -372,7 +385,32 @@ def verify(tuned_rows, devices) -> int:
   return 0 if all(v["correct"] for v in found) else 1
 
 
+def _check_paths() -> None:
+  """The flags that name files and folders, before any work: the folders
+  written (created and written to), the files read (regular files).
+
+  Raises:
+    _cli.Refused: naming the flag.
+  """
+  for flag in (OUT, RESULTS_OUT):
+    if flag.value is not None:
+      _cli.writable_folder(flag.value, flag.name, keep=False)
+  if VERIFY_FROM.value is not None:
+    _cli.readable_json(VERIFY_FROM.value, "verify_from")
+  for flag in (STORE_ATOMICITY, FROM_RESULTS):
+    for path in flag.value or []:
+      if not path.strip():
+        raise _cli.Refused(f"--{flag.name} must name files, a comma list without "
+                           f"empty entries, got {','.join(flag.value)!r}")
+      # --from_results' files are read before any work by the builder, which
+      # says what is wrong with each ("--from_results: no table written: <path>: ...").
+      why = jsonfile.problem(path) if flag is STORE_ATOMICITY else None
+      if why is not None:
+        raise _cli.Refused(f"--{flag.name}: {path} {why}")
+
+
 def main() -> int:
+  _check_paths()
   if VERIFY_FROM.value:
     devices, why = _cuda_devices()
     if len(devices) < 2:
@@ -406,7 +444,7 @@ def main() -> int:
       # TuningBuildError: the result files (unreadable, not a regular file,
       # not JSON, too deeply nested, members of the wrong JSON type) or what
       # they measured; OSError: the tables' folder.
-      print(f"jax_llar.tools.tune: no table written: {e}")
+      print(f"jax_llar.tools.tune: --from_results: no table written: {e}")
       return 1
     return 0
   return measure()
