@@ -198,8 +198,7 @@ SIGNED: frozenset[Algorithm] = frozenset({
 # them: ``jax_llar.tools.tune_tables.build_tables`` leaves their rows out
 # unless given a passing cross-device ``python -m jax_llar.tools.store_atomicity`` record
 # (``validated_by``); forcing them with JAX_LLAR_ALGORITHM is the user's
-# choice. benchmarks/NOTES.md entries 33-35: no torn line on one H200's L2;
-# not yet tested over NVLink.
+# choice (benchmarks/NOTES.md records each store-atomicity run).
 NEEDS_STORE_ATOMICITY: frozenset[Algorithm] = frozenset({
     Algorithm.ONE_SHOT_LL128, Algorithm.TWO_SHOT_LL128, Algorithm.TWO_SHOT_LL128_ATOMIC})
 

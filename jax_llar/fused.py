@@ -91,8 +91,8 @@ def psum_add_rms_norm(x: Any, residual: Any, weight: Any, axis_name, *,
   within one unit in the last place of x's dtype (the fused kernel sums the
   squares in another order than XLA's reduction; float32 within 4 ulp, as
   the kernel also rounds new_residual before normalising where XLA may keep
-  float32; the one-GPU loopback measured at most 1 ulp for bf16 and f16 and
-  4 for float32, benchmarks/NOTES.md entry 27). Where the fused kernel does
+  float32; benchmarks/NOTES.md records what the loopback measured). Where
+  the fused kernel does
   not serve the op it is the reference, bitwise.
 
   Differentiation: every derivative order equals the unfused reference's

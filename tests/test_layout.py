@@ -512,3 +512,20 @@ def test_package_version_is_stated_once_alike():
   with open(ROOT / "pyproject.toml", "rb") as f:
     version = tomllib.load(f)["project"]["version"]
   assert f'__version__ = "{version}"' in (PACKAGE / "__init__.py").read_text()
+
+
+def test_no_source_points_at_an_entry_of_the_notes():
+  """Comments state rules and contracts; the history and the measurements
+  behind them are benchmarks/NOTES.md's, found there by topic, not pointed
+  at by entry number from the code."""
+  pattern = re.compile(r"NOTES(\.md)?,?\s+entr(y|ies)\s+\d|entr(y|ies)\s+\d+[^\n]*NOTES")
+  found = []
+  for root in ("jax_llar", "ffi"):
+    for path in sorted((ROOT / root).rglob("*")):
+      if path.suffix not in (".py", ".h", ".cc", ".cu", ".cuh") or "__pycache__" in path.parts:
+        continue
+      text = path.read_text()
+      # A comment wrapped over two lines: join them before matching.
+      joined = re.sub(r"\n\s*(#|//)\s*", " ", text)
+      found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in pattern.finditer(joined)]
+  assert not found, found

@@ -17,8 +17,8 @@
 //                is one atomic load).
 //   There is deliberately no initialize stage: XLA runs a custom call's
 //   initialize stage on every execution of the program, also when the call
-//   sits in a command buffer, so any work there is paid per step
-//   (benchmarks/NOTES.md, entries 6-7). The execute handler carries
+//   sits in a command buffer, so any work there is paid per step. The
+//   execute handler carries
 //   kCmdBufferCompatible, so XLA captures it into its CUDA graph; everything
 //   that changes per call (epochs) lives in device memory and is advanced by
 //   the kernel.

@@ -5,7 +5,7 @@
 // (`diag.ffi_copy_wide`) is the same copy with a 208-byte parameter block, the
 // size of the one-shot kernel's parameters before they moved into the
 // device-memory PeerTable: the difference between the two at the JAX level is
-// what parameter bytes cost XLA's graph (benchmarks/NOTES.md, entry 3).
+// what parameter bytes cost XLA's graph.
 #ifndef LLAR_TOOLS_COPY_H_
 #define LLAR_TOOLS_COPY_H_
 

@@ -99,7 +99,7 @@ struct Unsigned {
 };
 
 // One thread loads the trace pointer with the session's loads and reads the
-// clock once its lines are sent (benchmarks/NOTES.md, entries 5, 8 and 9).
+// clock once its lines are sent.
 struct Traced {
   uint64_t* trace = nullptr;
   uint64_t t_sent = 0;

@@ -31,8 +31,8 @@ constexpr uint32_t kAckStride = 16;
 constexpr uint64_t kHostMarginNs = 5'000'000'000ull;
 
 // How the run ends early, one per kernel, in its device's memory: the
-// waiting warps poll it from L2, never from host memory (benchmarks/NOTES.md,
-// entry 33: what a host-mapped word did to the rounds). The host sets `stop` in
+// waiting warps poll it from L2, never from host memory (a host-mapped word
+// slows every round). The host sets `stop` in
 // both at max_seconds (a copy on a stream of its own); a warp whose wait
 // runs out records itself in its kernel's control and sets `stop` in both.
 struct Control {

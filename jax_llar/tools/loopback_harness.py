@@ -1034,7 +1034,7 @@ def fault_problems(spec: dict, data: dict | None) -> list[str]:
   took = data.get("seconds_to_error")
   # The bound: the kernel timeout, the trap's wait for the published report
   # (at most one second, wait.cuh), the driver's handling of the trap until
-  # the host sees the error (benchmarks/NOTES.md, entry 27) and slack.
+  # the host sees the error, and slack.
   if took is not None and data.get("cuda_error") and took > timeout_s + FAULT_SLACK_S:
     problems.append(f"the error came {took:.2f} s after the last launch, more than "
                     f"the timeout + {FAULT_SLACK_S:g} s")

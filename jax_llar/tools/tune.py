@@ -199,8 +199,8 @@ _duration = progress.duration
 def _release() -> None:
   """Drops the compiled programs of a finished measurement (JAX's caches
   hold them, and with them device memory outside XLA's pool): a tune run
-  compiles a few hundred programs, and on 2 x H200 a run that kept them all
-  ran out of device memory (benchmarks/NOTES.md, entry 41)."""
+  compiles a few hundred programs, and one that keeps them all can run out
+  of device memory."""
   import gc
   import jax
   jax.clear_caches()

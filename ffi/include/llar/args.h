@@ -386,8 +386,7 @@ struct PeerTable {
 
 // Kernel parameters, passed by value (48 bytes). What the first instructions
 // need (epochs, rank, world) is here; the peer addresses come from the
-// PeerTable, loaded while the epoch and payload loads are in flight
-// (benchmarks/NOTES.md, entry 3).
+// PeerTable, loaded while the epoch and payload loads are in flight.
 struct AllReduceArgs {
   const void* in;
   void* out;

@@ -18,8 +18,7 @@
 //   is correct. A counter per warp rather than per block means the block
 //   needs no barrier at all: each warp only waits for its own lanes.
 //   LLSession (ll_session.cuh) is the one place that reads, advances and
-//   re-zeroes; benchmarks/NOTES.md, entry 14, has the history of per-warp
-//   counters and of advancing right after the sends.
+//   re-zeroes.
 //
 // Why no barrier is needed (reuse argument)
 //   Fix warp w. Its epoch E stands for the same call on every rank (the E-th

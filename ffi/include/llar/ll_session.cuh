@@ -32,8 +32,7 @@
 //   The counter moves right after the sends, not at End (NCCL's session
 //   writes its epoch back in its destructor): every lane has read E once the
 //   warp is past its sends, and the counter is read again only by the next
-//   kernel on the stream, so the store overlaps the flight of the lines
-//   (benchmarks/NOTES.md, entry 14).
+//   kernel on the stream, so the store overlaps the flight of the lines.
 //
 // Where a line goes is Send's third argument, `store(session, payload)`,
 // called in active lanes only: ToPeerSlots by default. The diagnostic

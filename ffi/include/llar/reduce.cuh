@@ -37,7 +37,7 @@
 // one, else whichever operand the compiled instruction takes first), so
 // without this rule the output's NaN bits would depend on the addends'
 // payloads and on code generation, and differ between algorithms that add
-// the same values in the same order (benchmarks/NOTES.md, entry 36). With it
+// the same values in the same order. With it
 // every algorithm's output is one bit pattern per input, NaNs included. That
 // holds among jax_llar's algorithms only: a psum that falls back to lax.psum
 // (above a threshold, another dtype) gets NCCL's NaN bits.

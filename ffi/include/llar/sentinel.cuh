@@ -48,7 +48,7 @@
 //   same additions in the same order). tests/gpu1/test_sentinel_loopback.py
 //   checks it against the one-shot LL on every NaN pattern of f16 and bf16
 //   and a sample of f32 ones in every position of a line, alone and beside
-//   other NaNs (benchmarks/NOTES.md, entry 36, has why the rule exists).
+//   other NaNs.
 //
 //   int32 has no such freedom: a word whose bits are all ones is a pair of
 //   -1 values and any change changes the sum. The protocol serves float32,

@@ -22,8 +22,8 @@ using Launcher = cudaError_t (*)(AllReduceArgs args, DType dtype, cudaStream_t s
 
 // Grid of the one-shot LL kernel for `lines` LL lines (host and tests use the
 // same rule): up to `block_lines` lines per block (0: kOneShotBlockLines)
-// until kMaxBlocks blocks, then up to kLinesPerBlock. No other rule was
-// faster at every size in every run (benchmarks/NOTES.md, entries 14 and 17).
+// until kMaxBlocks blocks, then up to kLinesPerBlock (the rule the kernel
+// bench's block_lines sweeps measured fastest: benchmarks/NOTES.md).
 inline constexpr uint32_t kOneShotBlockLines = 64;
 
 // Lines of an `n_bytes` payload that the kernels move with one 8-byte access

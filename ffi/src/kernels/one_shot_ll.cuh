@@ -27,14 +27,12 @@
 //                                              elsewhere (ll_session.cuh)
 //              End(session)                    after session.End()
 //            AllReduce below is the production one and adds no instruction;
-//            the diagnostic ones live in ffi/tools (benchmarks/NOTES.md,
-//            entry 9). A variant with `static constexpr bool kSigned =
+//            the diagnostic ones live in ffi/tools. A variant with `static constexpr bool kSigned =
 //            false` gets the session without signatures (ll_session.cuh:
 //            the kernel bench's measure of what they cost); every other
 //            variant's lines carry the call's signature.
 // Everything off the fast path (byte-wise tail lines, the timeout report, the
-// epoch re-zeroing) is out of line, so the hot instructions stay together
-// (benchmarks/NOTES.md, entry 11).
+// epoch re-zeroing) is out of line, so the hot instructions stay together.
 #ifndef LLAR_KERNELS_ONE_SHOT_LL_CUH_
 #define LLAR_KERNELS_ONE_SHOT_LL_CUH_
 
