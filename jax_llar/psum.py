@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from jax import lax
+from jax._src import core
 
 from jax_llar import swap
 
@@ -50,10 +51,12 @@ def psum(x: Any, axis_name, *, axis_index_groups=None) -> Any:
     so with more than two ranks results can differ from it in the last bit.
 
   Raises:
-    The errors of ``lax.psum``, with its messages: NameError ("unbound axis
-    name: ...") for a name that no enclosing ``shard_map``/``vmap``/``pmap``
-    binds; ValueError for a value varying over some of the axes and
-    invariant over others.
+    NameError: a name that no enclosing ``shard_map``/``vmap``/``pmap``
+      binds: ``unbound axis name: tp (the axes bound here: 'x', 'y')``,
+      inside a ``shard_map`` as outside it (where ``lax.psum`` itself raises
+      an AssertionError without a message).
+    ValueError: ``lax.psum``'s, for a value varying over some of the axes
+      and invariant over others.
 
   For example, with 4 devices in a mesh with axis ``"i"``::
 
@@ -63,5 +66,22 @@ def psum(x: Any, axis_name, *, axis_index_groups=None) -> Any:
     >>> f(jnp.arange(4.0))
     Array([6.], dtype=float32)
   """
+  _check_bound(axis_name)
   with swap.mark(swap.MARK_PSUM):
     return lax.psum(x, axis_name, axis_index_groups=axis_index_groups)
+
+
+def _check_bound(axis_name) -> None:
+  """Raises the NameError of `psum` for a named axis that is not bound."""
+  names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  try:
+    bound = core.get_axis_env().axis_sizes
+  except AttributeError:  # a jax without the axis environment: lax.psum's errors
+    return
+  for name in names:
+    if isinstance(name, int) or name in bound:
+      continue
+    here = (f"the axes bound here: {', '.join(repr(a) for a in bound)}" if bound else
+            "no axis is bound here: call it inside jax.shard_map (or vmap/pmap) over a "
+            "mesh that has that axis")
+    raise NameError(f"unbound axis name: {name} ({here})")
