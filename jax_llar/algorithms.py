@@ -144,6 +144,11 @@ class Algorithm(enum.IntEnum):
   def __repr__(self) -> str:
     return f"Algorithm.{self.name}"
 
+  def __str__(self) -> str:
+    """The short name (an IntEnum would print its number): what a
+    decision's ``str(d.candidate)`` and an f-string show."""
+    return self.short_name
+
 
 # Largest number of ranks of one replica group that the kernels serve
 # (args.h: kMaxRanks; the kernel argument block and the device communicator

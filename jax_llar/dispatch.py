@@ -43,7 +43,9 @@ from jax_llar.algorithms import MAX_BYTES
 from jax_llar.config import settings
 
 # Reasons logged at INFO rather than WARNING: the user asked for them, or
-# nothing is lost (so is "world_size" for a group of one device).
+# nothing is lost (so is "world_size" for a group of one device, and
+# "platform" for a lowering that is not for CUDA: on a machine without GPUs
+# every psum is lax.psum, as expected).
 _INFO_REASONS = frozenset({"disabled", "empty", "export", "symbolic_shape"})
 
 # Reasons that say the environment is broken: WARNING whoever asked.
@@ -208,7 +210,8 @@ def decide(axis_ctx, aval, axes: Sequence, *, platform: str,
     elif source != "psum":
       info = True
     else:
-      info = reason in _INFO_REASONS or (reason == "world_size" and world < 2)
+      info = (reason in _INFO_REASONS or (reason == "world_size" and world < 2)
+              or (reason == "platform" and "cuda" not in platform))
     return log.record(log.Decision(
         reason=reason, detail=detail, axes=axes, dtype=str(dtype),
         bytes_per_rank=nbytes, world_size=world, source=source, op=op, **kw),

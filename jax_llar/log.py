@@ -121,9 +121,9 @@ def record(d: Decision, *, level: int = logging.WARNING) -> Decision:
     _seen.add(key)
   if first and not d.fast:
     fallback = "its unfused code" if d.op != "psum" else "lax.psum"
-    logger.log(level, "jax_llar: %s over %s (%s, %d bytes per rank, %d "
-               "ranks) uses %s: %s", d.op, d.axes, d.dtype, d.bytes_per_rank,
-               d.world_size, fallback, d.detail)
+    ranks = f"{d.world_size} ranks" if d.world_size else "ranks not known"
+    logger.log(level, "jax_llar: %s over %s (%s, %d bytes per rank, %s) uses %s: %s",
+               d.op, d.axes, d.dtype, d.bytes_per_rank, ranks, fallback, d.detail)
   return d
 
 

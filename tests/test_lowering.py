@@ -567,3 +567,31 @@ def test_a_warning_follows_an_info_line_of_the_same_refusal(caplog):
   run(jax_llar.psum)
   levels = [r.levelname for r in caplog.records if "dtype" in r.getMessage()]
   assert levels == ["INFO", "WARNING"], levels
+
+
+def test_expected_fallbacks_are_info_and_a_broken_environment_a_warning(caplog, monkeypatch):
+  """No GPU (a lowering for CPU) and one device are what a user expects on a
+  machine without GPUs: INFO once per reason, also for an explicit
+  jax_llar.psum; a psum that CUDA GPUs would serve but this machine cannot
+  (no extension: the environment) stays a WARNING; a line whose number of
+  ranks is not known says so instead of "0 ranks"."""
+  caplog.set_level(logging.INFO, logger="jax_llar")
+  mesh = mesh_of((2,), ("x",))
+  x = random_input(np.random.default_rng(31), (2, 8), np.float32)
+  shard_psum(jax_llar.psum, mesh, "x", x)
+  one = mesh_of((1,), ("x",))
+  jax.jit(jax.shard_map(lambda v: jax_llar.psum(v, "x"), mesh=one, in_specs=P("x"),
+                        out_specs=P()))(x[:1])
+  levels = {r.getMessage().split(": ")[-1][:30]: r.levelname for r in caplog.records
+            if r.name == "jax_llar"}
+  assert set(levels.values()) == {"INFO"}, levels
+  caplog.clear()
+  jax.jit(lambda v: jax_llar.psum(v, 0))(x)  # positional: the ranks are not known
+  (line,) = [r.getMessage() for r in caplog.records if r.name == "jax_llar"]
+  assert "ranks not known" in line and "0 ranks" not in line, line
+  caplog.clear()
+  monkeypatch.setattr(_ext, "load", lambda **kw: None)
+  monkeypatch.setattr(_ext, "reason", lambda: "no extension here")
+  d = dispatch.decide(gpu_ctx((2,), ("x",)), _aval((8,)), ("x",), platform="cuda")
+  assert d.reason == "extension"
+  assert [r.levelname for r in caplog.records if r.name == "jax_llar"] == ["WARNING"]

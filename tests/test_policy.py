@@ -361,3 +361,10 @@ def test_a_rows_algorithm_that_refuses_the_dtype_gives_way_to_the_default():
     assert (c.algorithm, c.reason) == (sentinel, "fast_path")
   c = choose(np.int32, limit + 4, 2, max_bytes=CAP, table=table)
   assert (c.algorithm, c.reason) == (None, "dtype")
+
+
+def test_an_algorithm_prints_as_its_name():
+  assert str(Algorithm.ONE_SHOT_LL) == "one_shot_ll"
+  assert f"{Algorithm.TWO_SHOT_LL128}" == "two_shot_ll128"
+  assert [str(a) for a in Algorithm] == [a.short_name for a in Algorithm]
+  assert int(Algorithm.TWO_SHOT_LL) == 2 and "%d" % Algorithm.TWO_SHOT_LL == "2"
