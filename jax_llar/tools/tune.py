@@ -154,8 +154,6 @@ VERIFY_FROM = flags.DEFINE_string(
 
 _cli.register_int_list_validator("ranks", 2, MAX_RANKS, "numbers of ranks")
 _cli.register_int_list_validator("sizes", 1, jax_level.MAX_SIZE, "sizes in bytes per rank")
-_cli.register_choices_validator("algorithms", _NAMES, what="jax_llar algorithms a table may "
-                                "choose (" + ", ".join(_NAMES) + ")")
 flags.register_validator(
     "dtypes", lambda v: bool(v) and all(d in ("f32", "bf16", "f16", "float32",
                                               "bfloat16", "float16") for d in v),
