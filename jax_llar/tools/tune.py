@@ -159,7 +159,7 @@ flags.register_validator(
                                               "bfloat16", "float16") for d in v),
     "--dtypes must name f32, bf16 or f16 (or float32, bfloat16, float16)")
 flags.register_validator(
-    "algorithms", lambda v: all(a in _NAMES for a in v),
+    "algorithms", lambda v: bool(v) and all(a in _NAMES for a in v),
     "--algorithms must name " + ", ".join(_NAMES) + " (not a non-deterministic one: "
     + ", ".join(sorted(a.short_name for a in NON_DETERMINISTIC))
     + ", which no tuning table may choose)")
