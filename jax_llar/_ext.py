@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import hashlib
 import importlib
 import importlib.util
 import os
@@ -209,6 +210,37 @@ def load(*, quiet: bool = False) -> Any | None:
   if mod is not None and not quiet:
     _warn_if_untested(mod)
   return mod
+
+
+_identity: str | None = None
+
+
+def build_identity() -> str | None:
+  """The loaded extension's build: 16 hex digits of a SHA-256 over the bytes
+  of its libraries (``jax_llar._llar`` and ``libllar_core.so`` beside it)
+  and the constants it exports (``ALGORITHMS``, ``MAX_BYTES``, ...), or None
+  when no extension is loaded. Every fast-path call carries it
+  (``jax_llar.lowering.emit_call``), so that an executable compiled for one
+  build never serves another through JAX's persistent compilation cache,
+  whose key holds the program but not the native library
+  (jax-ml/jax#18750). Computed once; loads nothing."""
+  global _identity
+  mod = _module
+  if mod is None:
+    return None
+  with _lock:
+    if _identity is None:
+      h = hashlib.sha256()
+      path = getattr(mod, "__file__", None)
+      for f in (path, os.path.join(os.path.dirname(path), "libllar_core.so") if path else None):
+        if f and os.path.isfile(f):
+          with open(f, "rb") as lib:
+            h.update(lib.read())
+      for name in ("ALGORITHMS", "MAX_BYTES", "MAX_RANKS", "SIGNED", "SIGNATURE_BITS",
+                   "FUSED_MAX_BYTES", "FUSED_BLOCK_LINES", "FUSED_MAX_CLUSTER_BLOCKS"):
+        h.update(f"{name}={getattr(mod, name, None)!r};".encode())
+      _identity = h.hexdigest()[:16]
+    return _identity
 
 
 def loaded() -> Any | None:

@@ -67,17 +67,44 @@ def emit_call(ctx, operands: Sequence[Any], decision: log.Decision, target: str,
   """The FFI call of `target` on `operands` for a fast-path `decision`: the
   attributes ``comm_id``, ``comm_key`` and ``signature`` (a signature of its
   own, ``jax_llar.signature.assign``) plus `attributes`, at a location named
-  `op_name` (``jax_llar.<kernel>:`` around the call site). Returns the
-  call's results."""
+  `op_name` (``jax_llar.<kernel>:`` around the call site), and the
+  frontend attribute `BUILD_ATTRIBUTE` naming the extension's build.
+  Returns the call's results."""
   name = op_name(decision, kernel)
   sig = signature.assign(ctx.module_context, name, ctx.traceback)
   loc = mlir.source_info_to_location(
       ctx.module_context, None, ctx.name_stack.extend(name), ctx.traceback)
   with ir.Location.name(f"jax_llar.{kernel or decision.algorithm.short_name}:",
                         childLoc=loc):
-    return jax.ffi.ffi_lowering(target)(
+    results = jax.ffi.ffi_lowering(target)(
         ctx, *operands, comm_id=np.int64(decision.comm_id),
         comm_key=np.int64(decision.comm_key), signature=np.int64(sig), **attributes)
+  identity = _ext.build_identity()
+  if identity is not None and results:
+    _add_frontend_attribute(_owner(results[0]), BUILD_ATTRIBUTE, identity)
+  return results
+
+
+# The frontend attribute of every fast-path call that names the extension's
+# build (``jax_llar._ext.build_identity``): part of the program, so of every
+# compilation cache's key, and ignored by XLA and by the FFI handler.
+BUILD_ATTRIBUTE = "jax_llar_build"
+
+
+def _owner(value):
+  owner = value.owner
+  return owner.operation if hasattr(owner, "operation") else owner
+
+
+def _add_frontend_attribute(op, name: str, value: str) -> None:
+  """Adds ``name = value`` to `op`'s ``mhlo.frontend_attributes``, keeping
+  the attributes it has (as JAX adds its own)."""
+  attrs = {name: ir.StringAttr.get(value)}
+  existing = op.attributes["mhlo.frontend_attributes"] if (
+      "mhlo.frontend_attributes" in op.attributes) else None
+  if existing is not None:
+    attrs |= {a.name: a.attr for a in ir.DictAttr(existing)}
+  op.attributes["mhlo.frontend_attributes"] = ir.DictAttr.get(attrs)
 
 
 def lower_for_platforms(ctx, description: str, rule: Callable, *args):

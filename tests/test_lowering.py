@@ -595,3 +595,61 @@ def test_expected_fallbacks_are_info_and_a_broken_environment_a_warning(caplog, 
   d = dispatch.decide(gpu_ctx((2,), ("x",)), _aval((8,)), ("x",), platform="cuda")
   assert d.reason == "extension"
   assert [r.levelname for r in caplog.records if r.name == "jax_llar"] == ["WARNING"]
+
+
+def test_the_fast_path_call_carries_the_extension_build_and_so_the_cache_key(monkeypatch):
+  """Every fast-path call names the extension's build in a frontend
+  attribute (beside the mark), so JAX's persistent compilation cache, whose
+  key is the program, gives an executable of one build to no other build:
+  two builds, two keys; the same build, one key."""
+  from jax._src import cache_key  # pylint: disable=g-import-not-at-top
+  from jax._src.lib import xla_client  # pylint: disable=g-import-not-at-top
+  mesh = mesh_of((2,), ("x",))
+  x = random_input(np.random.default_rng(32), (2, 8), np.float32)
+
+  def fast(axis_ctx, aval, axes, *, platform, source, **kw):
+    del axis_ctx, source, kw
+    return log.Decision(reason="fast_path", detail="", axes=tuple(axes), dtype="float32",
+                        bytes_per_rank=int(np.prod(aval.shape)) * 4, world_size=2,
+                        algorithm=ONE_SHOT_LL, candidate=ONE_SHOT_LL, comm_id=7,
+                        comm_key=4242)
+
+  monkeypatch.setattr(dispatch, "decide", fast)
+
+  def lowered(identity):
+    monkeypatch.setattr(_ext, "build_identity", lambda: identity)
+    f = jax.jit(jax.shard_map(lambda v: jax_llar.psum(v, "x"), mesh=mesh, in_specs=P("x"),
+                              out_specs=P()))
+    low = f.trace(x).lower(lowering_platforms=("cuda",))
+    module = low.compiler_ir("stablehlo")
+    key = cache_key.get(module, np.array(mesh.devices.flat), xla_client.CompileOptions(),
+                        jax.devices()[0].client)
+    return low.as_text(), key
+
+  text_a, key_a = lowered("aaaaaaaaaaaaaaaa")
+  (call,) = [ln for ln in text_a.splitlines() if "custom_call @jax_llar_all_reduce" in ln]
+  assert 'jax_llar_build = "aaaaaaaaaaaaaaaa"' in call and 'jax_llar = "psum"' in call, call
+  text_b, key_b = lowered("bbbbbbbbbbbbbbbb")
+  assert 'jax_llar_build = "bbbbbbbbbbbbbbbb"' in text_b
+  assert key_a != key_b
+  assert lowered("aaaaaaaaaaaaaaaa")[1] == key_a
+
+
+def test_build_identity_is_none_without_the_extension_and_stable_with_one(monkeypatch,
+                                                                          tmp_path):
+  monkeypatch.setattr(_ext, "_module", None)
+  assert _ext.build_identity() is None
+  lib = tmp_path / "_llar.so"
+  lib.write_bytes(b"one build")
+
+  class Mod:
+    __file__ = str(lib)
+    ALGORITHMS = {"one_shot_ll": 1}
+
+  monkeypatch.setattr(_ext, "_module", Mod)
+  monkeypatch.setattr(_ext, "_identity", None)
+  first = _ext.build_identity()
+  assert first is not None and len(first) == 16 and _ext.build_identity() == first
+  lib.write_bytes(b"another build")  # a rebuild in another process
+  monkeypatch.setattr(_ext, "_identity", None)
+  assert _ext.build_identity() != first
