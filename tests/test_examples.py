@@ -20,6 +20,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "tp_decode"
 
 
+def result_fast_path_lowerings(path) -> int:
+  return json.loads(path.read_text())["fast_path_lowerings"]
+
+
 def test_tp_decode_small_on_cpu(tmp_path):
   env = dict(os.environ)
   env.pop("JAX_PLATFORMS", None)  # the example sets it itself without a GPU
@@ -35,7 +39,13 @@ def test_tp_decode_small_on_cpu(tmp_path):
   assert "token ids of lax.psum and llar.auto (and of lax.fused and llar.split) agree: True" in (
       p.stdout)
   assert "token ids of lax.fused and llar.fused agree: True" in p.stdout
-  assert "llar.split/llar.fused" in p.stdout and "llar.auto/llar.fused" in p.stdout
+  # Nothing took the fast path on CPU: no ratio of a llar row is shown as a
+  # gain or a loss, and each llar row says what ran.
+  assert "no psum took jax_llar's fast path here" in p.stdout
+  assert "lax.psum/llar.auto" not in p.stdout and "llar.split/llar.fused" not in p.stdout
+  assert "llar.auto=lax.psum" in p.stdout and "llar.fused=lax.fused" in p.stdout
+  assert "memory bandwidth per CPU device" in p.stdout and "HBM" not in p.stdout
+  assert result_fast_path_lowerings(out) == 0
   assert "XLA flags: skipped" in p.stdout
   assert "random bfloat16 weights" in p.stdout
   result = json.loads(out.read_text())
@@ -213,3 +223,25 @@ def test_shard_of_on_cpu(tmp_path):
   p = subprocess.run(cmd[:-1] + ["--impls=none,lax.psum"], cwd=ROOT, env=env,
                      capture_output=True, text=True, timeout=300)
   assert p.returncode != 0 and "--shard_of" in p.stdout + p.stderr
+
+
+def test_one_gpu_runs_one_shard_unless_told_otherwise():
+  """On one GPU with no --tp, --shard_of or --impls the example has nothing
+  to all-reduce: it runs one TP=2 shard's step (none, floor); with two
+  GPUs, or a flag that says what to run, the settings are the flags'."""
+  code = (
+      "import sys; sys.path.insert(0, 'examples/tp_decode'); import main\n"
+      "from absl import flags\n"
+      "for argv, gpus in ((['m'], 1), (['m'], 2), (['m', '--tp=1'], 1),\n"
+      "                   (['m', '--impls=none'], 1)):\n"
+      "  flags.FLAGS.unparse_flags(); flags.FLAGS(argv)\n"
+      "  s = main.settings_from_flags(True, gpus)\n"
+      "  print(main.one_gpu_default(gpus), s.shard_of, ','.join(s.impls))\n")
+  p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                     timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert p.returncode == 0, p.stderr[-3000:]
+  lines = p.stdout.strip().splitlines()[-4:]
+  assert lines[0] == "True 2 none,floor", lines
+  assert lines[1].startswith("False 0 lax.psum"), lines
+  assert lines[2].startswith("False 0 lax.psum"), lines
+  assert lines[3] == "False 0 none", lines

@@ -61,7 +61,14 @@ heads, MLP width and vocabulary divided by N: model.Config.shard) and runs
 on the devices given, the all-reduce being the identity. Only the impls
 none and floor are allowed then; rows and the result carry shard_of, and the
 workload names say "one TP=N shard". It is the way to study the step on a
-machine of one GPU.
+machine of one GPU, and what a machine of one GPU runs when no --tp,
+--shard_of or --impls is given (there is nothing to all-reduce on one GPU;
+the first line says so).
+
+Where no psum took jax_llar's fast path (no GPUs, one GPU), the llar rows
+ran lax.psum and XLA's add and RMSNorm: the summary names them for what ran
+and shows no ratio between them and lax.psum (it would be noise). With one
+batch size the plot has one bar per implementation and the floor as a line.
 
 Without a GPU it runs the small preset on forced CPU devices (it sets
 JAX_PLATFORMS=cpu and XLA_FLAGS and says so), where jax_llar.psum lowers to
@@ -499,7 +506,10 @@ def run(s: Settings, baseline_rows: list[dict] | None = None,
   bw = None
   if "floor" in s.impls:
     bw = measure_bandwidth(mesh, (1 << 30) if platform == "gpu" else (32 << 20))
-    print(f"HBM bandwidth per device: {bw['copy_gbs']:.0f} GB/s (bfloat16 elementwise "
+    memory = "HBM bandwidth per GPU" if platform == "gpu" else (
+        "memory bandwidth per CPU device (host memory, shared by the forced devices: "
+        "not a GPU's)")
+    print(f"{memory}: {bw['copy_gbs']:.0f} GB/s (bfloat16 elementwise "
           f"kernel, bytes read + written), {bw['read_gbs']:.0f} GB/s (sum, bytes read)",
           flush=True)
   rows, token_ids = [], {}
@@ -530,7 +540,8 @@ def run(s: Settings, baseline_rows: list[dict] | None = None,
          "psum_flag_failures": failures or [],
          "psum_flags_skipped": None if platform == "gpu" or not s.psum_flags else
          "the XLA flags target XLA's GPU all-reduce: skipped without GPUs",
-         "dispatch": [d.to_dict() for d in jax_llar.dispatch_log()][-50:]}
+         "dispatch": [d.to_dict() for d in jax_llar.dispatch_log()][-50:],
+         "fast_path_lowerings": sum(d.fast for d in jax_llar.dispatch_log())}
   if s.shard_of:
     out["shard_of"] = s.shard_of
     out["shard_note"] = (
@@ -551,14 +562,27 @@ def print_summary(result: dict) -> None:
   by: dict = {}
   for r in result["rows"]:
     by.setdefault(r["workload"], {})[r["impl"]] = r
+  # Where no psum took jax_llar's fast path, every llar row ran lax.psum
+  # (and XLA's add and RMSNorm): their differences are noise, not a gain or
+  # a loss, and are not printed as one.
+  fast = result.get("fast_path_lowerings", 1) > 0
+  ran = {} if fast else {"llar.auto": "lax.psum", "llar.fused": "lax.fused",
+                          "llar.split": "lax.fused"}
+  if not fast and any(r["impl"] in LLAR_IMPLS for r in result["rows"]):
+    print("no psum took jax_llar's fast path here: the llar rows ran lax.psum (llar.fused: "
+          "XLA's add and RMSNorm), so their ratios to lax.psum are noise and are not shown; "
+          "on CUDA GPUs that are NVLink peers llar.auto runs jax_llar's kernels")
   print("inter-token latency, us per token: median [p90]")
   for w, v in by.items():
-    cells = "  ".join(f"{i} {r['value']:.1f}" + (f" [{r['p90_us']:.1f}]" if "p90_us" in r else "")
+    cells = "  ".join(f"{i}{'=' + ran[i] if ran.get(i) else ''} {r['value']:.1f}"
+                      + (f" [{r['p90_us']:.1f}]" if "p90_us" in r else "")
                       for i, r in v.items())
     print(f"  {w}: {cells}")
     ll, ps, no, fl = (v.get(k) for k in ("llar.auto", "lax.psum", "none", "floor"))
     lf, xf, ls = v.get("llar.fused"), v.get("lax.fused"), v.get("llar.split")
     ratios = []
+    if not fast:  # only the ratios that do not compare jax_llar with itself
+      ll = lf = ls = None
     if ll and ps:
       gain = 100 * (1 - ll["value"] / ps["value"])
       ratios.append(f"lax.psum/llar.auto {ps['value'] / ll['value']:.2f}x (llar.auto "
@@ -596,9 +620,19 @@ def print_summary(result: dict) -> None:
     print(f"lax.psum under XLA flags: {result['psum_flags_skipped']}")
 
 
+def _what_ran(result: dict, rows: list[dict]) -> str:
+  """A plot's title part: the parallelism that ran."""
+  shard = result.get("shard_of")
+  if shard:
+    return f"one TP={shard} shard on {rows[0]['world_size']} device(s), all-reduce as identity"
+  return f"TP={rows[0]['world_size']}"
+
+
 def plot(result: dict, path: str) -> None:
   """Inter-token latency and tokens/s against batch size, one line per
-  implementation, one column per preset, saved as PNG at `path`.
+  implementation, one column per preset, saved as PNG at `path`; with one
+  batch size, one bar per implementation instead, the floor a dashed line.
+  Titles say what ran (TP=N, or one TP=N shard).
 
   Raises:
     ImportError: when matplotlib is not installed.
@@ -607,6 +641,27 @@ def plot(result: dict, path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   presets = list(dict.fromkeys(r["preset"] for r in result["rows"]))
+  batches = {r["batch"] for r in result["rows"]}
+  if len(batches) == 1:
+    fig, axes = plt.subplots(1, len(presets), figsize=(6 * len(presets), 4.5), squeeze=False)
+    for col, p in enumerate(presets):
+      rows = [r for r in result["rows"] if r["preset"] == p]
+      ax = axes[0][col]
+      bars = [r for r in rows if r["impl"] != "floor"]
+      ax.bar([r["impl"] for r in bars], [r["value"] for r in bars], color="tab:blue")
+      for r in (r for r in rows if r["impl"] == "floor"):
+        ax.axhline(r["value"], color="k", linestyle="--", label=f"floor {r['value']:.0f} us")
+      ax.set_ylim(bottom=0)
+      ax.set_ylabel("inter-token latency (us, median)")
+      ax.set_title(f"{p}, batch {rows[0]['batch']}, {_what_ran(result, rows)}", fontsize=9)
+      ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+      ax.grid(True, axis="y", alpha=0.3)
+      if any(r["impl"] == "floor" for r in rows):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return
   fig, axes = plt.subplots(2, len(presets), figsize=(6 * len(presets), 8), squeeze=False)
   for col, p in enumerate(presets):
     rows = [r for r in result["rows"] if r["preset"] == p]
@@ -624,7 +679,7 @@ def plot(result: dict, path: str) -> None:
       ax.set_yscale("log")
       ax.set_xlabel("batch size")
       ax.set_ylabel(ylabel)
-      ax.set_title(f"{p}, TP={rows[0]['world_size']}")
+      ax.set_title(f"{p}, {_what_ran(result, rows)}", fontsize=9)
       ax.grid(True, which="both", alpha=0.3)
       ax.legend(fontsize=6)
   fig.tight_layout()
@@ -642,13 +697,32 @@ def _ints(values, what: str) -> tuple[int, ...]:
   return out
 
 
-def settings_from_flags(gpu: bool) -> Settings:
-  """Settings from the command line (defaults per platform).
+# What one GPU runs when no flag says otherwise: there is nothing to
+# all-reduce, so one TP=2 shard's step (the per-device work of a 2-GPU
+# step), the identity at every all-reduce, against the weight-read floor.
+ONE_GPU_SHARD_OF = 2
+ONE_GPU_NOTE = (f"one GPU: nothing to all-reduce, so this runs what one GPU can show: one "
+                f"TP={ONE_GPU_SHARD_OF} shard's decode step (--shard_of={ONE_GPU_SHARD_OF}: "
+                "the per-device work of a 2-GPU step, the all-reduce as the identity) "
+                "against the weight-read floor; lax.psum and jax_llar need 2+ GPUs "
+                "(--tp, --shard_of or --impls choose otherwise)")
+
+
+def one_gpu_default(n_gpus: int) -> bool:
+  """Whether to run `ONE_GPU_NOTE`'s plan: one GPU, and none of --tp,
+  --shard_of, --impls given."""
+  return n_gpus == 1 and not (TP.present or SHARD_OF.present or IMPLS_F.present)
+
+
+def settings_from_flags(gpu: bool, n_gpus: int = 0) -> Settings:
+  """Settings from the command line (defaults per platform; on one GPU
+  without --tp, --shard_of or --impls, `ONE_GPU_NOTE`'s plan).
 
   Raises:
     app.UsageError: unknown presets, impls or flag names; --tokens not a
       multiple of --chunk.
   """
+  shard_of = SHARD_OF.value or (ONE_GPU_SHARD_OF if gpu and one_gpu_default(n_gpus) else 0)
   presets = tuple(PRESETS_F.value or (GPU_PRESETS if gpu else CPU_PRESETS))
   unknown = [p for p in presets if p not in PRESETS]
   if unknown:
@@ -664,7 +738,7 @@ def settings_from_flags(gpu: bool) -> Settings:
   if bad:
     raise app.UsageError(f"--psum_flags: unknown {', '.join(bad)}; known: "
                          f"{', '.join(_FLAG_NAMES)}")
-  if SHARD_OF.value:
+  if shard_of:
     if not IMPLS_F.present:
       impls = tuple(i for i in IMPLS if i in ("none", "floor"))
     bad = [i for i in impls if i not in ("none", "floor")]
@@ -673,9 +747,9 @@ def settings_from_flags(gpu: bool) -> Settings:
                            f"shard (the all-reduce is the identity); not {', '.join(bad)}")
     for p in presets:
       try:
-        PRESETS[p].shard(SHARD_OF.value)
+        PRESETS[p].shard(shard_of)
       except ValueError as e:
-        raise app.UsageError(f"--shard_of {SHARD_OF.value} for {p}: {e}") from e
+        raise app.UsageError(f"--shard_of {shard_of} for {p}: {e}") from e
   if TOKENS.value % CHUNK.value:
     raise app.UsageError(f"--tokens ({TOKENS.value}) must be a multiple of --chunk "
                          f"({CHUNK.value})")
@@ -685,7 +759,7 @@ def settings_from_flags(gpu: bool) -> Settings:
       flag_batches=_ints(FLAG_BATCHES.value, "flag_batches"), tokens=TOKENS.value,
       chunk=CHUNK.value, prompt=PROMPT.value, repeats=REPEATS.value, loop=LOOP.value,
       tp=TP.value, seed=SEED.value, flag_timeout=FLAG_TIMEOUT.value,
-      shard_of=SHARD_OF.value)
+      shard_of=shard_of)
 
 
 def main() -> int:
@@ -700,7 +774,10 @@ def main() -> int:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                " --xla_gpu_per_fusion_autotune_cache_dir=" +
                                AUTOTUNE_CACHE.value).strip()
-  s = settings_from_flags(gpu)
+  n_gpus = host.gpu_count() if gpu else 0
+  if gpu and one_gpu_default(n_gpus):
+    print(f"tp_decode: {ONE_GPU_NOTE}", flush=True)
+  s = settings_from_flags(gpu, n_gpus)
   t0 = time.perf_counter()
   # The flag baselines run first, before this process takes the GPUs' memory.
   baseline_rows, failures = [], []
