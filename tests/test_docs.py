@@ -135,3 +135,13 @@ def test_the_readme_keeps_the_ci_test_command_and_links_every_page():
   # Sections the library's docstrings and messages point to (README_SECTION).
   for section in ("## Getting the speed in loops", "## One process per GPU"):
     assert section in readme, section
+
+
+def test_benchmarks_point_at_nothing_outside_the_repository():
+  """benchmarks/ is self-contained: its pages name no design note or file
+  that the repository does not hold."""
+  root = pathlib.Path(__file__).resolve().parents[1]
+  outside = re.compile(r"MEASURED\.md|BENCHMARK\.md|design folder|design notes|\.\./shared")
+  found = [f"{p.name}:{n}" for p in sorted((root / "benchmarks").glob("*.md"))
+           for n, line in enumerate(p.read_text().splitlines(), 1) if outside.search(line)]
+  assert not found, found
