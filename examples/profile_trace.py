@@ -26,11 +26,10 @@ from __future__ import annotations
 import glob
 import json
 import os
-import sys
 
 from absl import app, flags
 
-from jax_llar.tools import host
+from jax_llar.tools import _cli, host
 
 OUT = flags.DEFINE_string("out", "/tmp/jax_llar_trace", "Folder the trace is written to.")
 CALLS = flags.DEFINE_integer("calls", 5, "Traced calls of the step (after one warm-up call).",
@@ -53,8 +52,7 @@ def _sizes() -> list[int]:
   return sizes
 
 
-def main(argv) -> int:
-  del argv
+def main() -> int:
   sizes = _sizes()
   n_cpu = CPU_DEVICES.value
   if not n_cpu and not host.gpu_present():
@@ -131,4 +129,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(app.run(main))
+  _cli.run(main)

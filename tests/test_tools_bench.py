@@ -42,8 +42,13 @@ def test_cpu_jax_level_bench_exits_0_with_every_row_correct(tmp_path):
     assert r["world_size"] == 2
   for r in rows:
     if r["impl"].startswith("llar."):
-      # On CPU jax_llar falls back: its contract is lax.psum's output.
+      # On CPU jax_llar falls back: its contract is lax.psum's output, and
+      # the row and the table say what ran.
       assert r["fast_path"] is False and r["reference"] == jax_level.LAX_PSUM, r
+      assert r["ran"] == "lax.psum", r
+      assert f"{r['impl']}=lax.psum" in p.stdout
+    else:
+      assert r["ran"] == r["impl"], r
 
 
 # What each implementation's row must have matched (its promise): the rank

@@ -512,6 +512,8 @@ def measure(impls: Sequence[str], mesh: Mesh, dtype, nbytes: int, k_short: int,
         "reference": st["reference"],
         "references_tried": list(st["refs"]),
         "fast_path": st["fast"],
+        # What ran: the impl itself, or lax.psum where jax_llar fell back.
+        "ran": "lax.psum" if st["fast"] is False else impl,
         "algorithm": st["ran"].short_name if st["ran"] is not None else None,
         "device_period_us": _mean_of(profile, "period_us_median"),
         "device_mean_period_us": _mean_of(profile, "period_us_mean"),

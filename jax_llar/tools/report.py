@@ -282,7 +282,12 @@ def print_jax_table(rows: list[dict]) -> None:
   impls = [i for i in JAX_TABLE_LEAD if any(i in v for v in by.values())]
   impls += sorted({r["impl"] for r in rows} - set(impls) - set(flag_impls))
   trio = {LLAR, COPY, PSUM} <= set(impls)
-  head = f"{'dtype':9s} {'bytes':>8s} " + " ".join(f"{i:>22s}" for i in impls)
+  # A jax_llar column none of whose rows took the fast path ran lax.psum: its
+  # header says so, not only the '*' of its cells.
+  fell_back = {i for i in impls if i.startswith("llar.") and all(
+      r.get("fast_path") is False for r in rows if r["impl"] == i)}
+  labels = [f"{i}=lax.psum" if i in fell_back else i for i in impls]
+  head = f"{'dtype':9s} {'bytes':>8s} " + " ".join(f"{i:>22s}" for i in labels)
   if trio:
     head += (f" {'llar-copy':>10s} {'psum/llar':>10s} {'dev llar-copy':>14s}"
              f" {'mean llar-copy':>15s}")
