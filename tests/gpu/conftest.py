@@ -17,6 +17,8 @@ import pathlib
 
 import pytest
 
+import suite_setup
+
 HERE = pathlib.Path(__file__).parent
 
 # The children of the subprocess tests need device memory too.
@@ -25,16 +27,10 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 def gpu_skip_reason() -> str | None:
   """Why the GPU suite cannot run here, or None."""
-  if os.environ.get("JAX_LLAR_TEST_GPU") != "1":
-    return "GPU suite runs only with JAX_LLAR_TEST_GPU=1 (CPU devices are forced otherwise)"
-  import jax  # pylint: disable=g-import-not-at-top
+  reason = suite_setup.cuda_skip_reason("GPU suite", 2, imports=("jax_llar",))
+  if reason is not None:
+    return reason
   import jax_llar  # pylint: disable=g-import-not-at-top
-  try:
-    n = len(jax.devices("cuda"))
-  except RuntimeError as e:
-    return f"needs 2 CUDA GPUs; JAX has no CUDA backend ({e})"
-  if n < 2:
-    return f"needs 2 CUDA GPUs; found {n}"
   st = jax_llar.status()
   if not st["active"]:
     return f"jax_llar fast path inactive: {st['reason']}"
@@ -46,11 +42,7 @@ SKIP_REASON = gpu_skip_reason()
 
 def pytest_collection_modifyitems(config, items):
   del config
-  for item in items:
-    if HERE in pathlib.Path(str(item.path)).parents:
-      item.add_marker(pytest.mark.gpu)
-      if SKIP_REASON is not None:
-        item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+  suite_setup.mark_suite(items, HERE, pytest.mark.gpu, SKIP_REASON)
 
 
 @pytest.fixture(scope="session")

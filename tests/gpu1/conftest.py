@@ -14,6 +14,7 @@ processes, which may lose their CUDA context on purpose.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 
@@ -28,17 +29,23 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
 
+def _load_suite_setup():
+  """tests/gpu/suite_setup.py, by its path."""
+  path = HERE.parent / "gpu" / "suite_setup.py"
+  spec = importlib.util.spec_from_file_location("suite_setup", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+suite_setup = _load_suite_setup()
+
+
 def one_gpu_skip_reason() -> str | None:
   """Why the one-GPU suite cannot run here, or None."""
-  if os.environ.get("JAX_LLAR_TEST_GPU") != "1":
-    return "one-GPU suite runs only with JAX_LLAR_TEST_GPU=1 (CPU devices are forced otherwise)"
-  import jax  # pylint: disable=g-import-not-at-top
-  try:
-    n = len(jax.devices("cuda"))
-  except RuntimeError as e:
-    return f"needs a CUDA GPU; JAX has no CUDA backend ({e})"
-  if n < 1:
-    return "needs a CUDA GPU; found none"
+  reason = suite_setup.cuda_skip_reason("one-GPU suite", 1)
+  if reason is not None:
+    return reason
   from jax_llar.tools import _native  # pylint: disable=g-import-not-at-top
   if _native.load() is None:
     return f"the native tools module is unavailable: {_native.reason()}"
@@ -55,8 +62,4 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
   del config
-  for item in items:
-    if HERE in pathlib.Path(str(item.path)).parents:
-      item.add_marker(pytest.mark.one_gpu)
-      if SKIP_REASON is not None:
-        item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+  suite_setup.mark_suite(items, HERE, pytest.mark.one_gpu, SKIP_REASON)

@@ -1,16 +1,18 @@
 """The one-shot sentinel all-reduce on the loopback harness (one GPU, every
 rank simulated on it): ``python -m jax_llar.tools.loopback
---algorithm=one_shot_sentinel``.
+--algorithm=one_shot_sentinel``; what is the sentinel's own.
 
-World sizes 2-16 (the kernels for 2, 4 and 8 ranks and the run-time one),
-the three float dtypes, sizes from one element to the sentinel's 512 KiB
-limit with odd tails and 16-byte misaligned buffers, consecutive calls
-synchronised and not, 1000 calls in a row (epoch parity and the re-arming of
-every slot), the outputs bitwise equal to the one-shot LL's on the same
-inputs (every float16 and bfloat16 NaN and a float32 sample in every
-position of a line, all-ones words, -0.0, subnormals, inf) but for the bits
-of NaNs at 3 or more ranks, every NaN the canonical one (sentinel.cuh, NaN
-results), int32 refused (a rank left out: test_faults_loopback.py). What
+The outputs bitwise equal to the one-shot LL's on the same inputs (every
+float16 and bfloat16 NaN and a float32 sample in every position of a line,
+all-ones words, -0.0, subnormals, inf), NaN bits included, every NaN the
+canonical one (sentinel.cuh and reduce.cuh, NaN results), at worlds 2-16,
+synchronised and not; buffers 8 bytes off a 16-byte boundary (its byte-wise
+path); 1000 calls in a row (epoch parity and the re-arming of every slot);
+int32 refused before any launch. Its matrix (world sizes 2-16, the three
+float dtypes, one element to its 512 KiB limit, synchronised from epoch 0
+and from an odd epoch, int32 skipped with the reason) and its run of the
+run-time-world kernel not synchronised, 4 bytes off 16-byte alignment, are
+test_algorithms_loopback.py's; a rank left out: test_faults_loopback.py. What
 passes here is the protocol logic and the reduction, not NVLink: every store
 is local to the one GPU.
 
@@ -20,44 +22,25 @@ DIR/sentinel-<test>.json.
 
 from __future__ import annotations
 
-import os
-import pathlib
-import shutil
-
 import pytest
 
 from jax_llar.algorithms import Algorithm
 from jax_llar.tools import _native
 
-from loopback_helpers import run_tool, statuses
+from loopback_helpers import ALLOWED_SKIPS, problems, run_tool, statuses
 
 SENT = "--algorithm=one_shot_sentinel"
 FLOATS = ("float32", "bfloat16", "float16")
-# One 16-bit element (a part of one word), odd tails, one line and a line
-# plus one element, a whole block of 64 lines, grid steps, the one-shot LL's
-# limit and the sentinel's own.
-SIZES = (2, 6, 16, 18, 100, 1024, 4100, 65536, 262144, 524288)
-ALLOWED_SKIPS = ("whole number", "co-resident", "float32, bfloat16 and float16 only")
+ALLOWED = ALLOWED_SKIPS + ("float32, bfloat16 and float16 only",)
 
 
 def _run(tmp_path, name, *args):
-  rc, record, tail = run_tool(tmp_path, *args)
-  out = os.environ.get("JAX_LLAR_GPU1_RESULTS")
-  if out and (tmp_path / "loopback.json").exists():
-    pathlib.Path(out).mkdir(parents=True, exist_ok=True)
-    shutil.copy(tmp_path / "loopback.json", pathlib.Path(out) / f"sentinel-{name}.json")
-  return rc, record, tail
+  return run_tool(tmp_path, *args, keep_as=f"sentinel-{name}")
 
 
 def _problems(record):
   """Rows that neither passed nor were skipped for a reason stated up front."""
-  return [r for r in record["rows"] if r["status"] != "pass" and not (
-      r["status"] == "skipped" and any(w in r.get("reason", "") for w in ALLOWED_SKIPS))]
-
-
-def _passed(record):
-  return {(r["world_size"], r["dtype"], r["bytes_per_rank"], r["start_epoch"])
-          for r in record["rows"] if r["status"] == "pass"}
+  return problems(record, ALLOWED)
 
 
 def test_sentinel_refuses_int32_before_any_launch():
@@ -99,52 +82,6 @@ def test_sentinel_is_bitwise_the_one_shot_ll_nan_bits_included(tmp_path):
                             "--nan_patterns", f"--worlds={world}", f"--dtypes={dtypes}",
                             "--sizes=98304", "--calls=12", "--no_sync")
     assert record is not None and rc == 0 and statuses(record) == {"pass": n}, tail
-
-
-def test_sentinel_every_world_size_synchronised(tmp_path):
-  """Worlds 2-16, float dtypes, one element to 512 KiB, from epoch 0 and
-  from an odd epoch (the other half first); int32 is skipped with the
-  reason."""
-  rc, record, tail = _run(tmp_path, "matrix", SENT, "--worlds=2,3,4,5,8,16",
-                          "--dtypes=float32,bfloat16,float16,int32",
-                          f"--sizes={','.join(map(str, SIZES))}", "--calls=12",
-                          "--start_epochs=0,4294967295", "--canonical_nan")
-  assert record is not None, tail
-  assert rc == 0 and not _problems(record), (_problems(record)[:3], tail)
-  passed = _passed(record)
-  for world in (2, 3, 4, 5, 8, 16):
-    for dtype in FLOATS:
-      for n in SIZES:
-        if n % {"float32": 4}.get(dtype, 2) or n > (262144 if world < 8 else 65536):
-          continue
-        for e in (0, 4294967295):
-          assert (world, dtype, n, e) in passed, (world, dtype, n, e, tail)
-  assert {(2, "float32", 524288, 0), (2, "bfloat16", 524288, 4294967295)} <= passed, tail
-  int32 = [r for r in record["rows"] if r["dtype"] == "int32"]
-  assert int32 and all(r["status"] == "skipped" for r in int32)
-  assert all("float16 only" in r["reason"] for r in int32 if r["bytes_per_rank"] % 4 == 0)
-  assert all(r["impl"] == "loopback.one_shot_sentinel" for r in record["rows"])
-  kernels = {(r["world_size"], r["kernel"]) for r in record["rows"] if r["status"] == "pass"}
-  assert {(2, "world 2"), (4, "world 4"), (8, "world 8"), (3, "generic"),
-          (16, "generic")} <= kernels
-
-
-def test_sentinel_ranks_running_ahead_generic_and_misaligned(tmp_path):
-  """No synchronisation between calls (ranks run calls ahead: both halves
-  in use, re-arming racing the next call's writes of the other half), the
-  run-time-world kernel for 2, 4 and 8 ranks, buffers 4 bytes off (byte-wise
-  path)."""
-  rc, record, tail = _run(tmp_path, "nosync-generic", SENT, "--worlds=2,4,8,16",
-                          "--dtypes=float32,bfloat16", "--sizes=100,4100,65536,262144",
-                          "--calls=40", "--no_sync", "--generic", "--misalign=4",
-                          "--start_epochs=0,7")
-  assert record is not None, tail
-  assert rc == 0 and not _problems(record), (_problems(record)[:3], tail)
-  passed = _passed(record)
-  for world in (2, 4, 8, 16):
-    for n in (100, 4100, 65536):
-      assert (world, "float32", n, 7) in passed, (world, n, tail)
-  assert all(r["kernel"] == "generic" for r in record["rows"] if r["status"] == "pass")
 
 
 def test_sentinel_buffers_8_byte_aligned_not_16(tmp_path):
