@@ -4,8 +4,9 @@ against a numpy model of the kernel's arithmetic, the rule's sensitivity, the
 loopback harness's check mode and fault verdict for it, its region and id,
 and that no tuning table can choose it while JAX_LLAR_ALGORITHM can force it.
 
-The kernel itself needs a GPU: tests/gpu1/test_two_shot_ll128_atomic_loopback.py
-(one GPU, ranks simulated) and tests/gpu/test_two_shot_ll128_atomic.py (2 GPUs).
+The kernel itself needs a GPU: tests/gpu1/test_algorithms_loopback.py (one GPU,
+ranks simulated; -k two_shot_ll128_atomic) and tests/gpu/test_algorithms.py with
+tests/gpu/test_two_shot_ll128_atomic.py (2 GPUs).
 """
 
 from __future__ import annotations
