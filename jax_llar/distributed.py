@@ -98,7 +98,7 @@ def host_identity() -> str:
   """This machine: its Linux boot id, which containers on one node share
   and two nodes never do (hostnames differ between pods of one node); the
   hostname where the kernel gives none. NCCL's check that all ranks form
-  one load/store-accessible team stays the last word (registry.cc)."""
+  one load/store-accessible team stays the last word (ffi/src/registry/)."""
   try:
     with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
       return "boot:" + f.read().strip()

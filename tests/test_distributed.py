@@ -260,7 +260,7 @@ def test_destroy_comm_set_refuses_an_unknown_id():
       ext.destroy_comm_set(comm_id)
 
 
-# --- NCCL_COMM_BLOCKING in NCCL's configuration files (registry.h: NcclSettingOf) ----
+# --- NCCL_COMM_BLOCKING in NCCL's configuration files (registry/nccl_settings.h: NcclSettingOf) ----
 
 
 def _conf(tmp_path, name, *lines):

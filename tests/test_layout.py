@@ -5,7 +5,7 @@
     psum and asks for ``status()`` has no ``jax_llar.tools`` module loaded.
 (b) ``jax_llar/algorithms.py`` agrees with the C++ source: the ids of the
     ``Algorithm`` enum (``ffi/include/llar/args.h``), the algorithm table
-    ``kAlgorithms`` (``ffi/src/kernels/kernels.h``: name, launcher and largest
+    ``kAlgorithms`` (``ffi/src/kernels/kernels.h``: name, Algorithm and largest
     payload per rank, indexed by id) and ``kMaxRanks``. (The GPU suite
     compares with the loaded module's ``ALGORITHMS``, ``MAX_BYTES`` and
     ``MAX_RANKS``; ``jax_llar._ext`` refuses an extension that differs.)
@@ -195,17 +195,28 @@ def _algorithm_enum() -> dict[str, int]:
   return found
 
 
-def _algorithm_table() -> list[tuple[str | None, str]]:
-  """The rows of ``kAlgorithms[]``: (name or None, max_bytes expression),
-  in order (the row index is the FFI id)."""
+def _algorithm_table() -> list[tuple[str | None, str, str | None]]:
+  """The rows of ``kAlgorithms[]``: (name or None, max_bytes expression,
+  Algorithm enumerator or None), in order (the row index is the FFI id).
+  Row 0 is ``AlgorithmEntry{}``; the others are built by field name,
+  ``AlgorithmRow<Algorithm::kX>("name").MaxBytes(expr)...``."""
   pattern = re.compile(r"AlgorithmEntry\s+kAlgorithms\s*\[\s*\]\s*=\s*\{(.*?)\};",
                        re.S)
-  # {name, launcher, max_bytes, ...}: the first three fields of a row.
-  row = re.compile(r"\{\s*(nullptr|\"(\w+)\")\s*,\s*[^,]+,\s*([^,}]+?)\s*[,}]")
+  row = re.compile(r"AlgorithmEntry\s*\{\s*\}"
+                   r"|AlgorithmRow\s*<\s*Algorithm::(k\w+)\s*>\s*\(\s*\"(\w+)\"\s*\)"
+                   r"((?:\s*\.\s*\w+\s*\([^()]*\))*)")
+  max_bytes = re.compile(r"\.\s*MaxBytes\s*\(\s*([^()]+?)\s*\)")
   for path in _c_sources():
     m = pattern.search(_strip_c_comments(path.read_text()))
     if m:
-      return [(name or None, expr) for _, name, expr in row.findall(m.group(1))]
+      rows = []
+      for enumerator, name, setters in row.findall(m.group(1)):
+        if not name:
+          rows.append((None, "0", None))
+          continue
+        found = max_bytes.search(setters)
+        rows.append((name, found.group(1) if found else "0", enumerator))
+      return rows
   pytest.fail("no `AlgorithmEntry kAlgorithms[] = {...};` under ffi/: the "
               "algorithm table moved; update tests/test_layout.py")
 
@@ -219,10 +230,13 @@ def test_algorithm_ids_equal_the_cpp_enum():
 def test_algorithm_table_equals_algorithms_py():
   exprs = _constexpr_expressions()
   rows = _algorithm_table()
-  assert rows and rows[0] == (None, "0"), rows  # id 0: no algorithm
-  ids = {name: i for i, (name, _) in enumerate(rows) if name}
+  assert rows and rows[0] == (None, "0", None), rows  # id 0: no algorithm
+  ids = {name: i for i, (name, _, _) in enumerate(rows) if name}
+  # Each row names the Algorithm it describes; the enum is the Python one's.
+  assert {name: _upper_snake(enumerator) for name, _, enumerator in rows if name} == {
+      a.short_name: a.name for a in algorithms.Algorithm}
   max_bytes = {name: _evaluate(expr, exprs) if expr in exprs else int(expr)
-               for name, expr in rows if name}
+               for name, expr, _ in rows if name}
   assert ids == {a.short_name: int(a) for a in algorithms.Algorithm}
   assert max_bytes == {a.short_name: n for a, n in algorithms.MAX_BYTES.items()}
 
@@ -529,3 +543,42 @@ def test_no_source_points_at_an_entry_of_the_notes():
       joined = re.sub(r"\n\s*(#|//)\s*", " ", text)
       found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in pattern.finditer(joined)]
   assert not found, found
+
+
+def test_every_algorithm_has_its_kernel_files_its_rows_and_its_tests():
+  """docs/design.md's steps for adding an algorithm, walked over the table:
+  every Algorithm has its kernel template and instantiation
+  (ffi/src/kernels/<name>.cuh and .cu), both builds list the .cu, the
+  extension's table names it (kernels.h; compared field by field with
+  algorithms.py elsewhere in this file), and both GPU suites' tables and the
+  sanitize matrix run it (the loopback ones unless the harness cannot
+  simulate it)."""
+  from jax_llar.algorithms import Algorithm  # pylint: disable=g-import-not-at-top
+  from jax_llar.tools import loopback_harness, sanitize_harness  # pylint: disable=g-import-not-at-top
+  cmake = (ROOT / "ffi" / "CMakeLists.txt").read_text()
+  bazel = (ROOT / "BUILD.bazel").read_text()
+  kernels_h = (ROOT / "ffi" / "src" / "kernels" / "kernels.h").read_text()
+  gpu = (ROOT / "tests" / "gpu" / "test_algorithms.py").read_text()
+  gpu1 = (ROOT / "tests" / "gpu1" / "test_algorithms_loopback.py").read_text()
+  sanitized = {a.split("=", 1)[1] for u in sanitize_harness.FULL for a in u.args
+               if a.startswith("--algorithm=")}
+  missing = []
+  for a in Algorithm:
+    name = a.short_name
+    for ext in (".cuh", ".cu"):
+      if not (ROOT / "ffi" / "src" / "kernels" / (name + ext)).is_file():
+        missing.append(f"{name}: ffi/src/kernels/{name}{ext}")
+    if f"src/kernels/{name}.cu" not in cmake:
+      missing.append(f"{name}: ffi/CMakeLists.txt")
+    if f"ffi/src/kernels/{name}.cu" not in bazel:
+      missing.append(f"{name}: BUILD.bazel")
+    if f'"{name}"' not in kernels_h:
+      missing.append(f"{name}: kernels.h's kAlgorithms")
+    if f"Algorithm.{a.name}" not in gpu:
+      missing.append(f"{name}: tests/gpu/test_algorithms.py's table")
+    if name not in loopback_harness.NOT_SIMULATED:
+      if f'"{name}"' not in gpu1:
+        missing.append(f"{name}: tests/gpu1/test_algorithms_loopback.py's table")
+      if name not in sanitized:
+        missing.append(f"{name}: the sanitize matrix")
+  assert not missing, missing

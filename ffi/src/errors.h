@@ -44,7 +44,7 @@ class DeviceGuard {
 // CheckNccl for a call on a non-blocking communicator (ncclConfig_t::blocking
 // = 0): ncclInProgress means that NCCL took the work and goes on with it in a
 // thread of its own, which is not a failure here. Whoever calls it must wait
-// for that work (registry.cc: AwaitComms) before reading anything the call
+// for that work (registry/collective_step.cc: AwaitComms) before reading anything the call
 // writes.
 inline void CheckNcclStarted(ncclResult_t r, const char* what) {
   if (r != ncclInProgress) CheckNccl(r, what);

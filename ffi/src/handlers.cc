@@ -10,23 +10,22 @@
 //                algorithm's scratch region (registry.h: EnsureRegion), and
 //                `signature` (the call's signature, the same on every rank,
 //                jax_llar/signature.py) fits its 16 bits (args.h).
-//   execute      launches one kernel on XLA's stream through that entry's
-//                launcher (or the device's diagnostic override of that
-//                algorithm, registry.h):
-//                no allocation, no host synchronisation, no lock (the lookup
-//                is one atomic load).
+//   execute      launches one kernel on XLA's stream through the device's
+//                published call of that algorithm (registry.h: AlgorithmCall,
+//                its argument block and launcher; the tools' diagnostic
+//                variants replace that call, so the handler reads no test
+//                state): no allocation, no host synchronisation, no lock
+//                (the lookups are atomic loads).
 //   There is deliberately no initialize stage: XLA runs a custom call's
 //   initialize stage on every execution of the program, also when the call
 //   sits in a command buffer, so any work there is paid per step. The
-//   execute handler carries
-//   kCmdBufferCompatible, so XLA captures it into its CUDA graph; everything
-//   that changes per call (epochs) lives in device memory and is advanced by
-//   the kernel.
+//   execute handler carries kCmdBufferCompatible, so XLA captures it into its
+//   CUDA graph; everything that changes per call (epochs) lives in device
+//   memory and is advanced by the kernel.
 #include "handlers.h"
 
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <string>
 
 #include "kernels/kernels.h"
@@ -116,16 +115,14 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal,
                                        entry->name + " limit of " +
                                        std::to_string(entry->max_bytes) + " bytes");
   }
-  const AllReduceArgs* base = ArgsOf(ctx, algorithm);
-  if (base == nullptr) return NoRegion(*entry, comm_id, ordinal);
-  AllReduceArgs a = *base;
+  const AlgorithmCall* call = CallOf(ctx, algorithm);
+  if (call == nullptr) return NoRegion(*entry, comm_id, ordinal);
+  AllReduceArgs a = call->args;
   a.in = x.untyped_data();
   a.out = y->untyped_data();
   a.n_bytes = static_cast<uint32_t>(x.size_bytes());  // <= max_bytes, checked above
   a.signature = static_cast<uint32_t>(signature);
-  Launcher launch = ctx->launcher_override[algorithm].load(std::memory_order_relaxed);
-  if (launch == nullptr) launch = entry->launch;
-  const cudaError_t e = launch(a, dtype, stream);
+  const cudaError_t e = call->launch(a, dtype, stream);
   if (e != cudaSuccess) {
     return ffi::Error::Internal(std::string("jax_llar: kernel launch failed: ") +
                                 cudaGetErrorString(e));

@@ -22,6 +22,7 @@
 #include "kernels/kernels.h"
 #include "llar/args.h"
 #include "registry.h"
+#include "registry/nccl_settings.h"
 
 namespace nb = nanobind;
 
@@ -198,7 +199,7 @@ NB_MODULE(_llar, m) {
       "'the environment' or a configuration file's path (bytes that are not UTF-8 "
       "decoded with 'surrogateescape'); None when unset. "
       "`files`: the configuration files in order of precedence (default: "
-      "nccl_conf_files()). registry.h: NcclSettingOf. Makes no CUDA or NCCL call.");
+      "nccl_conf_files()). registry/nccl_settings.h: NcclSettingOf. Makes no CUDA or NCCL call.");
   m.def("nccl_conf_files", &llar::NcclConfFiles,
         "NCCL 2.28's configuration files, highest precedence first: $NCCL_CONF_FILE "
         "when set (else ~/.nccl.conf), then /etc/nccl.conf.");

@@ -15,6 +15,7 @@
 #include "one_shot_ll_diag.h"
 #include "preload.h"
 #include "registry.h"
+#include "registry/seams.h"
 
 namespace llar {
 namespace {

@@ -1,9 +1,9 @@
 // Diagnostics that act on the calls of XLA's programs: the call trace and the
 // test hooks. They reach the production path only through the one-shot
-// algorithm's launcher override of a device context (registry.h) and, for
-// the trace, the
-// PeerTable's trace pointer. Each one synchronises the devices it changes
-// where stated; call them while no other thread runs programs on the set.
+// algorithm's launcher on a device (registry/seams.h: SetLauncherOverride)
+// and, for the trace, the PeerTable's trace pointer. Each one synchronises
+// the devices it changes where stated; call them while no other thread runs
+// programs on the set.
 // Before an override names a diagnostic variant, they load the tools'
 // kernels on its devices (LoadToolKernels, preload.h); a failed load throws
 // std::runtime_error and leaves the override as it was.

@@ -67,7 +67,7 @@ inline constexpr uint64_t kHostMarginNs = 5'000'000'000ull;
 
 // What both loopback harnesses (this one and loopback_add_rms_norm.h) give
 // every simulated rank, on the current device, as CreateGroup and
-// EnsureRegion (registry.cc) give a real rank: one algorithm's region of
+// EnsureRegion (registry/regions.cc) give a real rank: one algorithm's region of
 // `scratch_bytes` filled with `fill` (kAlgorithms[a].fill), the kStateWords
 // state words zeroed with every epoch counter of every set (args.h) at
 // `start_epoch` (as SetEpochForTesting), a host-mapped zeroed ErrorRecord, a

@@ -160,12 +160,12 @@ FusedLoopbackResult RunFusedLoopback(const FusedLoopbackSpec& s, const std::vect
   DeviceGuard guard;
   CheckCuda(cudaSetDevice(s.ordinal), "cudaSetDevice");
   CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize (before the set-up)");
-  // Load every kernel first, as registry.cc does: a lazily loaded module can
+  // Load every kernel first, as the registry does: a lazily loaded module can
   // wait for the kernels already running, and a rank's kernel spins until its
   // peers' kernels run, so a first launch inside the loop can deadlock.
   CheckCuda(PreloadOneShotLL(), "loading the one-shot kernels");
   CheckCuda(PreloadOneShotLLAddRmsNorm(), "loading the fused kernels");
-  // What CreateGroup and EnsureRegion (registry.cc) give each rank, on one
+  // What CreateGroup and EnsureRegion (registry/) give each rank, on one
   // device: the fused kernel runs on the one-shot's region and counters.
   constexpr Algorithm kExchange = Algorithm::kOneShotLL;
   SimulatedRanks rs(W, RegionBytes(kExchange, W),

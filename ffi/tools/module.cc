@@ -25,6 +25,7 @@
 #include "one_shot_ll_diag.h"
 #include "preload.h"
 #include "registry.h"
+#include "registry/seams.h"
 #include "sol.h"
 #include "store_atomicity.h"
 
@@ -441,7 +442,7 @@ NB_MODULE(_llar_tools, m) {
         llar::FailNextRegistrationForTesting(comm_id);
       },
       nb::arg("comm_id"),
-      "Test hook (registry.h: FailNextRegistrationForTesting): the next region "
+      "Test hook (registry/seams.h: FailNextRegistrationForTesting): the next region "
       "ensure_region creates for the set fails once its registration is complete, "
       "and the set is given up as after a failed registration. RuntimeError for "
       "an unknown set.");

@@ -268,7 +268,7 @@ inline constexpr std::size_t kNcclLLA2AOneShotMaxBytes = kOneShotMaxBytes;
 
 // Bytes of that buffer per rank for `world` ranks: what
 // ncclLLA2ACreateRequirement(kMaxBlocks, slots) asks NCCL's device
-// communicator for, kMaxBlocks x (1 + 2 x slots) x 16 B (registry.cc checks
+// communicator for, kMaxBlocks x (1 + 2 x slots) x 16 B (the registry checks
 // that NCCL asks for exactly this). It is the algorithm's RegionBytes, so that
 // jax_llar.status() counts the memory it holds.
 constexpr std::size_t NcclLLA2ABufferBytes(int world) {
@@ -277,7 +277,7 @@ constexpr std::size_t NcclLLA2ABufferBytes(int world) {
 
 // Bytes of `algorithm`'s scratch region per rank for a group of `world`
 // ranks; 0 for an id that is no algorithm. What a communicator allocates per
-// algorithm it serves (registry.cc) and the loopback harness gives each
+// algorithm it serves (ffi/src/registry/) and the loopback harness gives each
 // simulated rank.
 constexpr std::size_t RegionBytes(Algorithm algorithm, int world) {
   switch (algorithm) {

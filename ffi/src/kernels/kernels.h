@@ -1,7 +1,11 @@
-// Host-side entry points of the production kernels: one launcher per
-// algorithm, and the table the execute handler picks them from. A launcher
-// only computes its grid and launches; it never allocates or synchronises,
-// so it is safe inside CUDA stream capture.
+// Host-side entry points of the production kernels: the table the execute
+// handler picks an algorithm's launcher from (kAlgorithms), the grid rules
+// that host code and the Python mirror share, and the fused add + RMSNorm's
+// launcher. Every algorithm of the table is launched by one generic path
+// (kernel_table.cuh: AlgorithmKernels, AlgorithmHost); an algorithm gives
+// only its kernels, its grid rule and its row. A launcher only computes its
+// grid and launches; it never allocates or synchronises, so it is safe
+// inside CUDA stream capture.
 #ifndef LLAR_KERNELS_H_
 #define LLAR_KERNELS_H_
 
@@ -20,54 +24,15 @@ namespace llar {
 // launcher fills in what depends on the grid), the dtype and XLA's stream.
 using Launcher = cudaError_t (*)(AllReduceArgs args, DType dtype, cudaStream_t stream);
 
-// Grid of the one-shot LL kernel for `lines` LL lines (host and tests use the
-// same rule): up to `block_lines` lines per block (0: kOneShotBlockLines)
-// until kMaxBlocks blocks, then up to kLinesPerBlock (the rule the kernel
-// bench's block_lines sweeps measured fastest: benchmarks/NOTES.md).
-inline constexpr uint32_t kOneShotBlockLines = 64;
-
-// Lines of an `n_bytes` payload that the kernels move with one 8-byte access
-// (AllReduceArgs::vector_lines): all of them when every one of `buffers` is
-// 8-byte aligned, else 0 (the byte-wise path).
-inline uint32_t VectorLines(uint32_t n_bytes, std::initializer_list<const void*> buffers) {
+// Lines of an `n_bytes` payload that the kernels move with one access of
+// `access_bytes` bytes (AllReduceArgs::vector_lines): all of them when every
+// one of `buffers` is aligned to access_bytes (a power of two), else 0 (the
+// byte-wise path).
+inline uint32_t VectorLines(uint32_t n_bytes, std::initializer_list<const void*> buffers,
+                            uint32_t access_bytes = kPayloadBytesPerLine) {
   uintptr_t bits = 0;
   for (const void* b : buffers) bits |= reinterpret_cast<uintptr_t>(b);
-  return (bits & (kPayloadBytesPerLine - 1)) == 0 ? n_bytes / kPayloadBytesPerLine : 0;
-}
-
-// Loads, on the current device, the kernel `for_kernel(dtype, world)` gives
-// for every dtype and for world 0 (any) and kWorlds..., so that no lazy
-// module load happens later (inside a captured graph, or while a peer's
-// kernel spins).
-template <int... kWorlds, typename ForKernel>
-cudaError_t PreloadKernels(ForKernel for_kernel) {
-  cudaFuncAttributes attr;
-  for (DType d : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
-    for (int world : {0, kWorlds...}) {
-      const auto kernel = for_kernel(d, world);
-      if (kernel == nullptr) continue;  // a dtype the algorithm does not serve
-      const cudaError_t e =
-          cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernel));
-      if (e != cudaSuccess) return e;
-    }
-  }
-  return cudaSuccess;
-}
-// The occupancy of the kernel `for_kernel(dtype, world)` with `threads`
-// threads per block on the current device: its registers per thread and
-// resident blocks per multiprocessor (the loopback harness's co-residency
-// check). world 0 asks for the run-time world-size kernel.
-template <typename ForKernel>
-cudaError_t KernelOccupancy(ForKernel for_kernel, DType dtype, int world, uint32_t threads,
-                            int* regs_per_thread, int* blocks_per_sm) {
-  const void* kernel = reinterpret_cast<const void*>(for_kernel(dtype, world));
-  if (kernel == nullptr) return cudaErrorInvalidValue;
-  cudaFuncAttributes attr;
-  const cudaError_t e = cudaFuncGetAttributes(&attr, kernel);
-  if (e != cudaSuccess) return e;
-  *regs_per_thread = attr.numRegs;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel,
-                                                       static_cast<int>(threads), 0);
+  return (bits & (access_bytes - 1)) == 0 ? n_bytes / access_bytes : 0;
 }
 
 // The grid of one call of an algorithm, as its launcher computes it:
@@ -75,34 +40,88 @@ cudaError_t KernelOccupancy(ForKernel for_kernel, DType dtype, int world, uint32
 // warp of this grid advances its epoch counter (args.h: its algorithm's set)
 // by exactly one per call, and no other counter changes (the loopback
 // harness checks it). lines_per_block and steps are the algorithm's own
-// (one-shot: LL lines per block, 1 step).
+// (one-shot: lines per block, 1 step; two-shot: chunk lines per block and
+// lines per thread and chunk).
 struct KernelGrid {
   uint32_t blocks, lines_per_block, threads, steps;
 };
+using OneShotGrid = KernelGrid;  // a one-shot's grid: steps = 1
 
-struct OneShotGrid {
-  uint32_t blocks, lines_per_block, threads;
-};
+// one_shot_ll.cu: the grid of the one-shot LL kernel for `lines` LL lines
+// (host and tests use the same rule; the sentinel and nccl_lla2a_one_shot use
+// it too): up to `block_lines` lines per block (0: kOneShotBlockLines) until
+// kMaxBlocks blocks, then up to kLinesPerBlock (the rule the kernel bench's
+// block_lines sweeps measured fastest: benchmarks/NOTES.md); one thread per
+// line.
+inline constexpr uint32_t kOneShotBlockLines = 64;
 LLAR_API OneShotGrid OneShotGridFor(uint32_t lines, uint32_t block_lines = 0);
 
-// Launch options the kernel bench varies; the production call uses the
-// defaults.
+// two_shot_ll.cu: the grid of the two-shot LL (two_shot_ll.cuh) for a
+// payload of `lines` LL lines over `world` ranks (host, loopback harness and
+// tests use the same rule): the largest chunk, c = TwoShotChunkOf(lines,
+// world, 0).lines (args.h), spread over up to kMaxBlocks blocks of about
+// kTwoShotBlockLines chunk lines each (the one-shot's 64, not measured for
+// the two-shot yet); lines_per_block = ceil(c / blocks) chunk lines per
+// block, threads = that rounded up to a warp, at most kMaxThreads, and
+// steps = ceil(lines_per_block / threads) lines per thread and chunk (at
+// most TwoShotMaxSteps(world)).
+inline constexpr uint32_t kTwoShotBlockLines = 64;
+LLAR_API KernelGrid TwoShotGridFor(uint32_t lines, int world);
+
+// Launch options the kernel bench varies (LaunchWith); the production call
+// uses the defaults.
 struct OneShotOptions {
   bool generic = false;      // the run-time world-size kernel even for 2, 4, 8 ranks
-  uint32_t block_lines = 0;  // grid rule's lines per block (0: kOneShotBlockLines)
+  uint32_t block_lines = 0;  // grid rule's lines per block (0: the rule's own); only
+                             // the rules over OneShotGridFor read it
 };
 
-// one_shot_ll.cu: the one-shot LL all-reduce.
-LLAR_API cudaError_t LaunchOneShotLL(AllReduceArgs args, DType dtype, cudaStream_t stream);
-LLAR_API cudaError_t LaunchOneShotLLWith(AllReduceArgs args, DType dtype, cudaStream_t stream,
-                                         const OneShotOptions& options);
+// The host side of the algorithm `kA` of kAlgorithms: the functions of its
+// row. Written once, for every algorithm, in kernel_table.cuh; the
+// algorithm's .cu instantiates them for its production kernels
+// (kernel_table.cuh: ProductionKernels).
+//   Launch      the production launcher (Launcher); cudaErrorInvalidValue for
+//               a call it does not serve (size, ranks, dtype, pointers);
+//   LaunchWith  Launch with the kernel bench's OneShotOptions;
+//   Preload     loads every kernel of the algorithm on the current device, so
+//               that no lazy module load happens later (inside a captured
+//               graph, or while a peer's kernel spins);
+//   Grid        the grid Launch uses for a payload and a world size;
+//   Occupancy   registers per thread and resident blocks per multiprocessor
+//               of its kernel for (dtype, world, threads); world 0: the
+//               run-time world-size kernel (the loopback harness's
+//               co-residency check).
+template <Algorithm kA>
+struct LLAR_API AlgorithmHost {
+  static cudaError_t Launch(AllReduceArgs args, DType dtype, cudaStream_t stream);
+  static cudaError_t LaunchWith(AllReduceArgs args, DType dtype, cudaStream_t stream,
+                                const OneShotOptions& options);
+  static cudaError_t Preload();
+  static KernelGrid Grid(uint32_t n_bytes, int world);
+  static cudaError_t Occupancy(DType dtype, int world, uint32_t threads, int* regs_per_thread,
+                               int* blocks_per_sm);
+};
+// One .cu instantiates each (the one of the algorithm); no other unit does.
+extern template struct AlgorithmHost<Algorithm::kOneShotLL>;
+extern template struct AlgorithmHost<Algorithm::kTwoShotLL>;
+extern template struct AlgorithmHost<Algorithm::kOneShotSentinel>;
+extern template struct AlgorithmHost<Algorithm::kOneShotLL128>;
+extern template struct AlgorithmHost<Algorithm::kNcclLLA2AOneShot>;
+extern template struct AlgorithmHost<Algorithm::kTwoShotLL128>;
+extern template struct AlgorithmHost<Algorithm::kTwoShotLL128Atomic>;
 
-// Loads the production kernels' module on the current device, so that no
-// lazy module load happens later inside a captured CUDA graph.
-LLAR_API cudaError_t PreloadOneShotLL();
-LLAR_API KernelGrid OneShotLLGrid(uint32_t n_bytes, int world);
-LLAR_API cudaError_t OneShotLLOccupancy(DType dtype, int world, uint32_t threads,
-                                        int* regs_per_thread, int* blocks_per_sm);
+// The host functions the tools (ffi/tools) call by name.
+inline constexpr auto& LaunchOneShotLL = AlgorithmHost<Algorithm::kOneShotLL>::Launch;
+inline constexpr auto& LaunchOneShotLLWith = AlgorithmHost<Algorithm::kOneShotLL>::LaunchWith;
+inline constexpr auto& PreloadOneShotLL = AlgorithmHost<Algorithm::kOneShotLL>::Preload;
+inline constexpr auto& OneShotLLOccupancy = AlgorithmHost<Algorithm::kOneShotLL>::Occupancy;
+inline constexpr auto& LaunchOneShotSentinelWith =
+    AlgorithmHost<Algorithm::kOneShotSentinel>::LaunchWith;
+
+// nccl_lla2a_one_shot.cu: the slots per block and epoch parity of NCCL's LL
+// all-to-all session for `world` ranks, ncclLLA2ACalcSlots(world *
+// kLinesPerBlock, kPayloadBytesPerLine) (its row's lla2a_slots).
+LLAR_API int NcclLLA2AOneShotSlots(int world);
 
 // one_shot_ll_add_rms_norm.cu: the one-shot LL all-reduce fused with the
 // residual add and the RMSNorm that follow it (jax_llar.psum_add_rms_norm).
@@ -136,109 +155,12 @@ LLAR_API cudaError_t LaunchOneShotLLAddRmsNorm(AddRmsNormArgs args, DType dtype,
                                                DType weight, cudaStream_t stream);
 LLAR_API cudaError_t PreloadOneShotLLAddRmsNorm();
 
-// two_shot_ll.cu: the two-shot LL all-reduce (two_shot_ll.cuh), payloads up
-// to kTwoShotMaxBytes per rank.
-//
-// Grid for a payload of `lines` LL lines over `world` ranks (host, loopback
-// harness and tests use the same rule): the largest chunk, c =
-// TwoShotChunkOf(lines, world, 0).lines (args.h), spread over up to
-// kMaxBlocks blocks of about kTwoShotBlockLines chunk lines each (the
-// one-shot's 64, not measured for the two-shot yet); lines_per_block =
-// ceil(c / blocks) chunk lines per block, threads = that rounded up to a
-// warp, at most kMaxThreads, and steps = ceil(lines_per_block / threads)
-// lines per thread and chunk (at most TwoShotMaxSteps(world)).
-inline constexpr uint32_t kTwoShotBlockLines = 64;
-struct TwoShotGrid {
-  uint32_t blocks, lines_per_block, threads, steps;
-};
-LLAR_API TwoShotGrid TwoShotGridFor(uint32_t lines, int world);
-LLAR_API cudaError_t LaunchTwoShotLL(AllReduceArgs args, DType dtype, cudaStream_t stream);
-LLAR_API cudaError_t PreloadTwoShotLL();
-LLAR_API KernelGrid TwoShotLLGrid(uint32_t n_bytes, int world);
-LLAR_API cudaError_t TwoShotLLOccupancy(DType dtype, int world, uint32_t threads,
-                                        int* regs_per_thread, int* blocks_per_sm);
-
-// one_shot_sentinel.cu: the one-shot sentinel all-reduce
-// (one_shot_sentinel.cuh), payloads up to kOneShotSentinelMaxBytes per rank,
-// float32, bfloat16 and float16 only (the launcher refuses int32 with
-// cudaErrorInvalidValue). Grid: OneShotGridFor over 16-byte lines.
-// LaunchOneShotSentinelWith takes the kernel bench's options (generic,
-// block_lines) as LaunchOneShotLLWith does.
-LLAR_API cudaError_t LaunchOneShotSentinel(AllReduceArgs args, DType dtype,
-                                           cudaStream_t stream);
-LLAR_API cudaError_t LaunchOneShotSentinelWith(AllReduceArgs args, DType dtype,
-                                               cudaStream_t stream,
-                                               const OneShotOptions& options);
-LLAR_API cudaError_t PreloadOneShotSentinel();
-LLAR_API KernelGrid OneShotSentinelGrid(uint32_t n_bytes, int world);
-LLAR_API cudaError_t OneShotSentinelOccupancy(DType dtype, int world, uint32_t threads,
-                                              int* regs_per_thread, int* blocks_per_sm);
-
-// one_shot_ll128.cu: the one-shot LL128 all-reduce (one_shot_ll128.cuh),
-// payloads up to kOneShotLL128MaxBytes per rank, every dtype.
-//
-// Grid for `lines` LL128 lines (120 payload bytes each): up to
-// kOneShotLL128BlockLines lines per block until kMaxBlocks blocks, then up
-// to kLL128LinesPerBlock; threads = the lines per block in whole warps of 4
-// lines (8 lanes per line). kOneShotLL128BlockLines gives each block the
-// one-shot LL's 2 warps at small sizes; it is not measured for LL128 yet.
-inline constexpr uint32_t kOneShotLL128BlockLines = 8;
-LLAR_API OneShotGrid OneShotLL128GridFor(uint32_t lines);
-LLAR_API cudaError_t LaunchOneShotLL128(AllReduceArgs args, DType dtype, cudaStream_t stream);
-LLAR_API cudaError_t PreloadOneShotLL128();
-LLAR_API KernelGrid OneShotLL128Grid(uint32_t n_bytes, int world);
-LLAR_API cudaError_t OneShotLL128Occupancy(DType dtype, int world, uint32_t threads,
-                                           int* regs_per_thread, int* blocks_per_sm);
-
-// two_shot_ll128.cu: the two-shot LL128 all-reduce (two_shot_ll128.cuh),
-// payloads up to kTwoShotLL128MaxBytes per rank, every dtype.
-//
-// Grid for a payload of `lines` LL128 lines over `world` ranks: the largest
-// chunk, c = TwoShotChunkOf(lines, world, 0).lines, spread over up to
-// kMaxBlocks blocks of about kTwoShotLL128BlockLines chunk lines each (the
-// one-shot LL128's rule, not measured for the two-shot);
-// lines_per_block = ceil(c / blocks), threads = that in whole warps of 4 line
-// slots, at most kMaxThreads, and steps = ceil(lines_per_block / (threads /
-// 8)) (at most TwoShotLL128MaxSteps(world)).
-inline constexpr uint32_t kTwoShotLL128BlockLines = 8;
-LLAR_API TwoShotGrid TwoShotLL128GridFor(uint32_t lines, int world);
-LLAR_API cudaError_t LaunchTwoShotLL128(AllReduceArgs args, DType dtype, cudaStream_t stream);
-LLAR_API cudaError_t PreloadTwoShotLL128();
-LLAR_API KernelGrid TwoShotLL128Grid(uint32_t n_bytes, int world);
-LLAR_API cudaError_t TwoShotLL128Occupancy(DType dtype, int world, uint32_t threads,
-                                           int* regs_per_thread, int* blocks_per_sm);
-
-// two_shot_ll128_atomic.cu: the two-shot LL128 atomic all-reduce
-// (two_shot_ll128_atomic.cuh), payloads up to kTwoShotLL128AtomicMaxBytes per
-// rank, every dtype. NOT deterministic for the float dtypes (atomic additions
-// in arrival order; the header states the rule it keeps); never in a tuning
-// table. Grid: TwoShotLL128GridFor, as the two-shot LL128.
-LLAR_API cudaError_t LaunchTwoShotLL128Atomic(AllReduceArgs args, DType dtype,
-                                              cudaStream_t stream);
-LLAR_API cudaError_t PreloadTwoShotLL128Atomic();
-LLAR_API KernelGrid TwoShotLL128AtomicGrid(uint32_t n_bytes, int world);
-LLAR_API cudaError_t TwoShotLL128AtomicOccupancy(DType dtype, int world, uint32_t threads,
-                                                 int* regs_per_thread, int* blocks_per_sm);
-
-// nccl_lla2a_one_shot.cu: the one-shot all-reduce on NCCL's LL all-to-all
-// session (nccl_lla2a_one_shot.cuh), payloads up to kNcclLLA2AOneShotMaxBytes
-// per rank, every dtype. Grid: OneShotGridFor over 8-byte lines, plus one
-// watchdog warp per block (threads = the rule's + kWarpSize).
-// NcclLLA2AOneShotSlots(world): the session's slots per block and parity,
-// ncclLLA2ACalcSlots(world * kLinesPerBlock, kPayloadBytesPerLine).
-LLAR_API cudaError_t LaunchNcclLLA2AOneShot(AllReduceArgs args, DType dtype,
-                                            cudaStream_t stream);
-LLAR_API cudaError_t PreloadNcclLLA2AOneShot();
-LLAR_API KernelGrid NcclLLA2AOneShotGrid(uint32_t n_bytes, int world);
-LLAR_API cudaError_t NcclLLA2AOneShotOccupancy(DType dtype, int world, uint32_t threads,
-                                               int* regs_per_thread, int* blocks_per_sm);
-LLAR_API int NcclLLA2AOneShotSlots(int world);
-
 // The algorithms, indexed by the FFI attribute `algorithm` (Algorithm in
 // args.h); entry 0 is no algorithm. Per entry:
+//   id         the Algorithm it describes (its index in kAlgorithms);
 //   name       the key of the Python module's ALGORITHMS and MAX_BYTES;
-//   launch     the production launcher;
-//   max_bytes  the largest payload per rank;
+//   launch     the production launcher (AlgorithmHost<id>::Launch);
+//   max_bytes  the largest payload per rank (the launcher refuses more);
 //   preload    loads every kernel of the algorithm on the current device (run
 //              when a communicator's region for it is allocated);
 //   grid       the grid its launcher uses for a payload and a world size;
@@ -254,11 +176,13 @@ LLAR_API int NcclLLA2AOneShotSlots(int world);
 //              communicator with ncclLLA2ACreateRequirement(kMaxBlocks,
 //              slots) and points the region's PeerTable::nccl_lla2a at it
 //              (llar/nccl_lla2a.h); such an algorithm advances none of its
-//              epoch counters (the session keeps its epochs in NCCL's buffer),
-//              so the KernelGrid contract above does not apply to it, and the
+//              epoch counters (the session keeps its epochs in NCCL's buffer;
+//              its launcher needs no AllReduceArgs::epochs), so the
+//              KernelGrid contract above does not apply to it, and the
 //              loopback harness, which makes no NCCL call, refuses it.
 // The region's size is RegionBytes(algorithm, world) (args.h).
 struct AlgorithmEntry {
+  Algorithm id;
   const char* name;
   Launcher launch;
   std::size_t max_bytes;
@@ -267,38 +191,74 @@ struct AlgorithmEntry {
   cudaError_t (*occupancy)(DType dtype, int world, uint32_t threads, int* regs_per_thread,
                            int* blocks_per_sm);
   uint8_t fill;
-  int (*lla2a_slots)(int world) = nullptr;
+  int (*lla2a_slots)(int world);
 };
+
+// A row of kAlgorithms by field name (C++17 has no designated initializers):
+//   AlgorithmRow<Algorithm::kX>("x").MaxBytes(n)[.Fill(b)][.Lla2aSlots(&f)]
+// names id, name and max_bytes; launch, preload, grid and occupancy are
+// AlgorithmHost<Algorithm::kX>'s; fill is 0 and lla2a_slots null unless set.
+template <Algorithm kA>
+class AlgorithmRow {
+ public:
+  constexpr explicit AlgorithmRow(const char* name)
+      : e_{kA,
+           name,
+           &AlgorithmHost<kA>::Launch,
+           0,
+           &AlgorithmHost<kA>::Preload,
+           &AlgorithmHost<kA>::Grid,
+           &AlgorithmHost<kA>::Occupancy,
+           0,
+           nullptr} {}
+  constexpr AlgorithmRow MaxBytes(std::size_t n) const {
+    return With(&AlgorithmEntry::max_bytes, n);
+  }
+  constexpr AlgorithmRow Fill(uint8_t b) const { return With(&AlgorithmEntry::fill, b); }
+  constexpr AlgorithmRow Lla2aSlots(int (*f)(int)) const {
+    return With(&AlgorithmEntry::lla2a_slots, f);
+  }
+  constexpr operator AlgorithmEntry() const { return e_; }
+
+ private:
+  template <typename Field, typename Value>
+  constexpr AlgorithmRow With(Field AlgorithmEntry::*field, Value v) const {
+    AlgorithmRow r = *this;
+    r.e_.*field = v;
+    return r;
+  }
+  AlgorithmEntry e_;
+};
+
 inline constexpr AlgorithmEntry kAlgorithms[] = {
-    {nullptr, nullptr, 0, nullptr, nullptr, nullptr, 0},
-    {"one_shot_ll", &LaunchOneShotLL, kOneShotMaxBytes, &PreloadOneShotLL, &OneShotLLGrid,
-     &OneShotLLOccupancy, 0},  // Algorithm::kOneShotLL
-    {"two_shot_ll", &LaunchTwoShotLL, kTwoShotMaxBytes, &PreloadTwoShotLL, &TwoShotLLGrid,
-     &TwoShotLLOccupancy, 0},  // Algorithm::kTwoShotLL
-    {"one_shot_sentinel", &LaunchOneShotSentinel, kOneShotSentinelMaxBytes,
-     &PreloadOneShotSentinel, &OneShotSentinelGrid, &OneShotSentinelOccupancy,
-     kSentinelFill},  // Algorithm::kOneShotSentinel
-    {"one_shot_ll128", &LaunchOneShotLL128, kOneShotLL128MaxBytes, &PreloadOneShotLL128,
-     &OneShotLL128Grid, &OneShotLL128Occupancy, 0},  // Algorithm::kOneShotLL128
-    {"nccl_lla2a_one_shot", &LaunchNcclLLA2AOneShot, kNcclLLA2AOneShotMaxBytes,
-     &PreloadNcclLLA2AOneShot, &NcclLLA2AOneShotGrid, &NcclLLA2AOneShotOccupancy, 0,
-     &NcclLLA2AOneShotSlots},  // Algorithm::kNcclLLA2AOneShot
-    {"two_shot_ll128", &LaunchTwoShotLL128, kTwoShotLL128MaxBytes, &PreloadTwoShotLL128,
-     &TwoShotLL128Grid, &TwoShotLL128Occupancy, 0},  // Algorithm::kTwoShotLL128
-    {"two_shot_ll128_atomic", &LaunchTwoShotLL128Atomic, kTwoShotLL128AtomicMaxBytes,
-     &PreloadTwoShotLL128Atomic, &TwoShotLL128AtomicGrid, &TwoShotLL128AtomicOccupancy,
-     0},  // Algorithm::kTwoShotLL128Atomic (accumulators and mask zeroed)
+    AlgorithmEntry{},  // id 0: no algorithm
+    AlgorithmRow<Algorithm::kOneShotLL>("one_shot_ll").MaxBytes(kOneShotMaxBytes),
+    AlgorithmRow<Algorithm::kTwoShotLL>("two_shot_ll").MaxBytes(kTwoShotMaxBytes),
+    AlgorithmRow<Algorithm::kOneShotSentinel>("one_shot_sentinel")
+        .MaxBytes(kOneShotSentinelMaxBytes)
+        .Fill(kSentinelFill),
+    AlgorithmRow<Algorithm::kOneShotLL128>("one_shot_ll128").MaxBytes(kOneShotLL128MaxBytes),
+    AlgorithmRow<Algorithm::kNcclLLA2AOneShot>("nccl_lla2a_one_shot")
+        .MaxBytes(kNcclLLA2AOneShotMaxBytes)
+        .Lla2aSlots(&NcclLLA2AOneShotSlots),
+    AlgorithmRow<Algorithm::kTwoShotLL128>("two_shot_ll128").MaxBytes(kTwoShotLL128MaxBytes),
+    // accumulators and mask zeroed: fill 0
+    AlgorithmRow<Algorithm::kTwoShotLL128Atomic>("two_shot_ll128_atomic")
+        .MaxBytes(kTwoShotLL128AtomicMaxBytes),
 };
 inline constexpr int64_t kAlgorithmCount =
     static_cast<int64_t>(sizeof(kAlgorithms) / sizeof(kAlgorithms[0]));
-static_assert(static_cast<int64_t>(Algorithm::kOneShotLL) == 1, "kAlgorithms order");
-static_assert(static_cast<int64_t>(Algorithm::kTwoShotLL) == 2, "kAlgorithms order");
-static_assert(static_cast<int64_t>(Algorithm::kOneShotSentinel) == 3, "kAlgorithms order");
-static_assert(static_cast<int64_t>(Algorithm::kOneShotLL128) == 4, "kAlgorithms order");
-static_assert(static_cast<int64_t>(Algorithm::kNcclLLA2AOneShot) == 5, "kAlgorithms order");
-static_assert(static_cast<int64_t>(Algorithm::kTwoShotLL128) == 6, "kAlgorithms order");
-static_assert(static_cast<int64_t>(Algorithm::kTwoShotLL128Atomic) == 7, "kAlgorithms order");
 static_assert(kAlgorithmCount <= kMaxAlgorithms, "args.h: kMaxAlgorithms counter sets");
+
+// Row i describes Algorithm i, with a name and a payload limit.
+constexpr bool AlgorithmRowsInOrder() {
+  for (int64_t i = 1; i < kAlgorithmCount; ++i) {
+    const AlgorithmEntry& e = kAlgorithms[i];
+    if (static_cast<int64_t>(e.id) != i || e.name == nullptr || e.max_bytes == 0) return false;
+  }
+  return true;
+}
+static_assert(AlgorithmRowsInOrder(), "kAlgorithms: row i is Algorithm i, named, with max_bytes");
 
 // The table entry of `algorithm`, or nullptr outside the table.
 inline const AlgorithmEntry* FindAlgorithm(int64_t algorithm) {

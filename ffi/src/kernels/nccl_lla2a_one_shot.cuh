@@ -2,7 +2,7 @@
 // (nccl_device/ll_a2a.h, ncclLLA2ASession; NCCL 2.28 device API): the
 // reference that the one-shot LL (arXiv 2607.16100, sections 3 and 4.1)
 // builds on, kept as a reference and fallback. The kernel template and its
-// launcher; nccl_lla2a_one_shot.cu instantiates them.
+// Rule (host side); nccl_lla2a_one_shot.cu instantiates them.
 //
 // Algorithm: the single pass of NCCL's own AllReduce_AGxLL_R symmetric
 // kernel (src/device/symmetric/all_reduce.cuh in NCCL's sources) on the
@@ -74,6 +74,7 @@
 
 #include <cstdint>
 
+#include "kernels/kernel_table.cuh"
 #include "kernels/kernels.h"
 #include "llar/args.h"
 #include "llar/nccl_lla2a.h"
@@ -202,24 +203,14 @@ __global__ void __launch_bounds__(kNcclLLA2AMaxThreads)
   session.endEpoch(cta);
 }  // ~ncclLLA2ASession: thread 0 stores the block's epoch; __syncthreads
 
-// Host side: the kernels, picked by dtype and the group's number of ranks.
-struct NcclLLA2AOneShotKernels {
-  using Kernel = void (*)(AllReduceArgs);
-
-  template <typename T>
-  static Kernel ForWorld(int world) {
-    return world == 2 ? NcclLLA2AOneShotKernel<T, 2> : NcclLLA2AOneShotKernel<T, 0>;
-  }
-
-  static Kernel For(DType dtype, int world) {
-    switch (dtype) {
-      case DType::kF32: return ForWorld<float>(world);
-      case DType::kBF16: return ForWorld<__nv_bfloat16>(world);
-      case DType::kF16: return ForWorld<__half>(world);
-      case DType::kI32: return ForWorld<int32_t>(world);
-    }
-    return nullptr;
-  }
+// Host side (kernel_table.cuh): the row of Algorithm::kNcclLLA2AOneShot (no
+// epoch counters: lla2a_slots) on OneShotGridFor's grid over 8-byte lines,
+// plus one watchdog warp per block (nccl_lla2a_one_shot.cu: threads = the
+// rule's + kWarpSize).
+struct NcclLLA2AOneShotRule : RuleOf<Algorithm::kNcclLLA2AOneShot, LLLines, OneShotSteps> {
+  template <typename T, int kWorld>
+  static constexpr auto Get() { return &NcclLLA2AOneShotKernel<T, kWorld>; }
+  static KernelGrid Grid(uint32_t lines, int world, uint32_t block_lines);
 };
 
 }  // namespace llar

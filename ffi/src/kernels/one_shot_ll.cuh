@@ -1,7 +1,7 @@
 // One-shot LL all-reduce (arXiv 2607.16100, section 4.1): the kernel template
-// and its launcher. one_shot_ll.cu instantiates the production all-reduce;
-// the diagnostic variants are instantiated beside the kernel bench
-// (ffi/tools/one_shot_ll_diag.cu).
+// and its Rule (host side). one_shot_ll.cu instantiates the production
+// all-reduce; the diagnostic variants are instantiated beside the kernel
+// bench (ffi/tools/one_shot_ll_diag.cu).
 //
 // Every rank stores its payload, packed in LL lines (ll.cuh), into its slot of
 // every peer's symmetric scratch; then it polls its own scratch for each
@@ -69,9 +69,25 @@ template <typename Variant>
 inline constexpr bool kVariantSigned<Variant, std::void_t<decltype(Variant::kSigned)>> =
     Variant::kSigned;
 
+// The one-shot's psum of the thread's line: receives every peer's line
+// through the session `ll` and sums all ranks' lines in rank order
+// (RankOrderSum, reduce.cuh), `mine` for this rank's. The fused add +
+// RMSNorm (one_shot_ll_add_rms_norm.cuh) sums the same way.
+template <typename T, int kWorld, typename Session>
+__device__ __forceinline__ uint2 ReceiveRankOrderSum(Session& ll, uint2 mine) {
+  constexpr int kUnroll = kWorld > 0 ? kWorld : 1;
+  RankOrderSum<T, AccumulatorFor<T, kWorld>> sum;
+#pragma unroll kUnroll
+  for (int src = 0; src < ll.world(); ++src) {
+    uint2 p = mine;
+    if (src != ll.rank()) p = ll.Recv(src);
+    sum.Add(src, p);
+  }
+  return sum.Result();
+}
+
 template <typename T, int kWorld, typename Variant>
 __global__ void __launch_bounds__(kMaxThreads) OneShotLLKernel(const AllReduceArgs a) {
-  constexpr int kUnroll = kWorld > 0 ? kWorld : 1;
   const int block = blockIdx.x;
   const int t = threadIdx.x;
   // Loads the warp's epoch and the scratch addresses.
@@ -88,46 +104,27 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotLLKernel(const AllReduceAr
 
   if (active) {
     // Receive and reduce in rank order; store.
-    RankOrderSum<T, AccumulatorFor<T, kWorld>> sum;
-#pragma unroll kUnroll
-    for (int src = 0; src < ll.world(); ++src) {
-      uint2 p = mine;
-      if (src != ll.rank()) p = ll.Recv(src);
-      sum.Add(src, p);
-    }
-    StorePayload(a.out, a.n_bytes, a.vector_lines, line, sum.Result());
+    StorePayload(a.out, a.n_bytes, a.vector_lines, line, ReceiveRankOrderSum<T, kWorld>(ll, mine));
   }
   ll.End();
   variant.End(ll);
 }
 
-// Host side: the kernels of one variant, compiled for the world sizes
-// kWorlds... and for any world size (kWorld = 0), picked by dtype and the
-// group's number of ranks.
-// OneShotLLKernels' kernel names (kernel_table.cuh: Pick).
+// Host side (kernel_table.cuh): the kernels of one variant on the one-shot
+// grid over LL lines, the row of Algorithm::kOneShotLL (its limit).
 template <typename Variant>
-struct OneShotLLPick {
+struct OneShotLLRule : RuleOf<Algorithm::kOneShotLL, LLLines, OneShotSteps> {
   template <typename T, int kWorld>
   static constexpr auto Get() { return &OneShotLLKernel<T, kWorld, Variant>; }
-};
-
-template <typename Variant, int... kWorlds>
-struct OneShotLLKernels : KernelTable<OneShotLLPick<Variant>, true, kWorlds...> {
-  using Table = KernelTable<OneShotLLPick<Variant>, true, kWorlds...>;
-
-  // Fills in the grid-dependent fields of `a` and launches; a.world picks the
-  // kernel unless options.generic asks for the run-time one.
-  static cudaError_t Launch(AllReduceArgs a, DType dtype, cudaStream_t stream,
-                            const OneShotOptions& options) {
-    if (a.n_bytes == 0) return cudaSuccess;
-    if (!LaunchArgsValid(a, kOneShotMaxBytes)) return cudaErrorInvalidValue;
-    const uint32_t lines = (a.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
-    a.vector_lines = VectorLines(a.n_bytes, {a.in, a.out});
-    const OneShotGrid g = OneShotGridFor(lines, options.block_lines);
-    a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
-    return Table::Run(a, dtype, options.generic ? 0 : a.world, g.blocks, g.threads, stream);
+  static KernelGrid Grid(uint32_t lines, int, uint32_t block_lines) {
+    return OneShotGridFor(lines, block_lines);
   }
 };
+// The kernels of one variant, compiled for any world size (kWorld = 0) and
+// for the world sizes kWorlds..., picked by dtype and the group's number of
+// ranks.
+template <typename Variant, int... kWorlds>
+using OneShotLLKernels = AlgorithmKernels<OneShotLLRule<Variant>, 0, kWorlds...>;
 
 }  // namespace llar
 

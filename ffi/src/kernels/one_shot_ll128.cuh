@@ -1,6 +1,6 @@
 // One-shot LL128 all-reduce: the one-shot of one_shot_ll.cuh in 128-byte
-// LL128 lines (ll128.cuh) instead of 16-byte LL lines. one_shot_ll128.cu
-// instantiates it and holds its grid rule and launcher.
+// LL128 lines (ll128.cuh) instead of 16-byte LL lines: the kernel template
+// and its Rule (host side: the grid rule). one_shot_ll128.cu instantiates it.
 //
 // Source: arXiv 2607.16100, section 4.1 (the one-shot), in NCCL's LL128 line
 // format (120 payload bytes and an 8-byte flag per 128-byte line).
@@ -26,7 +26,7 @@
 // one line. Buffers that are not 8-byte aligned and the last units of an
 // odd-sized payload go through reduce.cuh's byte-wise path (zeros past
 // n_bytes; nothing stored past it), out of line.
-// Grid (OneShotLL128GridFor, kernels.h): kOneShotLL128BlockLines lines per
+// Grid (OneShotLL128Rule::Grid below): OneShotLL128Rule::kBlockLines lines per
 // block until kMaxBlocks blocks, then up to kLL128LinesPerBlock (64 lines,
 // 512 threads); threads = whole warps of 4 lines.
 //
@@ -163,28 +163,17 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotLL128Kernel(const AllReduc
   if (MustRezero(epoch)) one_shot_ll128::RezeroParts(own, half, block, world, slot, part);
 }
 
-// Host side: the kernels for world sizes kWorlds... and any world size
-// (kWorld = 0), picked by dtype and the group's number of ranks.
-// OneShotLL128Kernels' kernel names (kernel_table.cuh: Pick).
-struct OneShotLL128Pick {
+// Host side (kernel_table.cuh): the row of Algorithm::kOneShotLL128 and its
+// grid rule (one_shot_ll128.cu) for `lines` LL128 lines: up to kBlockLines
+// lines per block until kMaxBlocks blocks, then up to kLL128LinesPerBlock;
+// threads = the lines per block in whole warps of 4 lines (8 lanes per
+// line). kBlockLines gives each block the one-shot LL's 2 warps at small
+// sizes; it is not measured for LL128 yet.
+struct OneShotLL128Rule : RuleOf<Algorithm::kOneShotLL128, LL128Lines, OneShotSteps> {
   template <typename T, int kWorld>
   static constexpr auto Get() { return &OneShotLL128Kernel<T, kWorld>; }
-};
-
-template <int... kWorlds>
-struct OneShotLL128Kernels : KernelTable<OneShotLL128Pick, true, kWorlds...> {
-  using Table = KernelTable<OneShotLL128Pick, true, kWorlds...>;
-
-  // Fills in the grid-dependent fields of `a` and launches.
-  static cudaError_t Launch(AllReduceArgs a, DType dtype, cudaStream_t stream) {
-    if (a.n_bytes == 0) return cudaSuccess;
-    if (!LaunchArgsValid(a, kOneShotLL128MaxBytes)) return cudaErrorInvalidValue;
-    const uint32_t lines = (a.n_bytes + kLL128PayloadBytes - 1) / kLL128PayloadBytes;
-    a.vector_lines = VectorLines(a.n_bytes, {a.in, a.out});
-    const OneShotGrid g = OneShotLL128GridFor(lines);
-    a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
-    return Table::Run(a, dtype, a.world, g.blocks, g.threads, stream);
-  }
+  static KernelGrid Grid(uint32_t lines, int world, uint32_t block_lines);
+  static constexpr uint32_t kBlockLines = 8;
 };
 
 }  // namespace llar

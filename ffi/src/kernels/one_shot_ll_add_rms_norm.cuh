@@ -76,6 +76,7 @@
 #include <type_traits>
 
 #include "kernels/kernels.h"
+#include "kernels/one_shot_ll.cuh"  // ReceiveRankOrderSum
 #include "llar/args.h"
 #include "llar/cluster_sum.cuh"
 #include "llar/ll_session.cuh"
@@ -140,7 +141,6 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
 #else
   using P = Payload<T>;
   constexpr int kPer = P::kPerLine;
-  constexpr int kUnroll = kWorld > 0 ? kWorld : 1;
   static_assert(std::is_same_v<W, T> || std::is_same_v<W, float>, "weight: T or float");
   __shared__ ClusterSumStorage row_sum;
 
@@ -175,17 +175,11 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   float squares = 0.0f;
   if (active) {
     // Receive and reduce in rank order: the one-shot all-reduce's psum.
-    RankOrderSum<T, AccumulatorFor<T, kWorld>> sum;
-#pragma unroll kUnroll
-    for (int src = 0; src < ll.world(); ++src) {
-      uint2 p = mine;
-      if (src != ll.rank()) p = ll.Recv(src);
-      sum.Add(src, p);
-    }
+    const uint2 psum = ReceiveRankOrderSum<T, kWorld>(ll, mine);
     // new_residual: the psum rounded to T, plus the residual, in float,
     // rounded to T (for T = float, the float add itself).
     float s[kPer], r[kPer];
-    P::Unpack(sum.Result(), s);
+    P::Unpack(psum, s);
     P::Unpack(residual, r);
 #pragma unroll
     for (int i = 0; i < kPer; ++i) h[i] = __fadd_rn(s[i], r[i]);

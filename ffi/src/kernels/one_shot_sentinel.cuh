@@ -1,6 +1,6 @@
 // One-shot sentinel all-reduce (arXiv 2607.16100, section 4: the one-shot's
-// sentinel variant): the kernel template and its host side.
-// one_shot_sentinel.cu instantiates it and holds the launcher.
+// sentinel variant): the kernel template and its Rule (host side).
+// one_shot_sentinel.cu instantiates it.
 //
 // Every rank stores its payload, 16 bytes per line with no flag word
 // (sentinel.cuh), into its slot of every peer's scratch region; then it
@@ -190,34 +190,21 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotSentinelKernel(const AllRe
   s.End(active);  // re-arm the slots read
 }
 
-// Host side: the kernels for world sizes kWorlds... and any world size
-// (kWorld = 0), picked by dtype and the group's number of ranks.
-// OneShotSentinelKernels' kernel names (kernel_table.cuh: Pick).
-struct OneShotSentinelPick {
+// Host side (kernel_table.cuh): the row of Algorithm::kOneShotSentinel on the
+// one-shot grid (one_shot_sentinel.cu: OneShotGridFor) over 16-byte lines,
+// moved with one 16-byte access when in and out are both 16-byte aligned
+// (AllReduceArgs::vector_lines counts 16-byte lines); float dtypes only (the
+// launcher refuses int32 with cudaErrorInvalidValue).
+struct SentinelLines {  // sentinel.cuh: 16 bytes, no flag; no int32
+  static constexpr bool kInt32 = false;
+  static constexpr uint32_t kLinePayloadBytes = kSentinelLineBytes;
+  static constexpr uint32_t kVectorBytes = kSentinelLineBytes;
+};
+struct OneShotSentinelRule
+    : RuleOf<Algorithm::kOneShotSentinel, SentinelLines, OneShotSteps> {
   template <typename T, int kWorld>
   static constexpr auto Get() { return &OneShotSentinelKernel<T, kWorld>; }
-};
-
-template <int... kWorlds>
-struct OneShotSentinelKernels : KernelTable<OneShotSentinelPick, false, kWorlds...> {
-  using Table = KernelTable<OneShotSentinelPick, false, kWorlds...>;
-
-  // Fills in the grid-dependent fields of `a` (vector_lines counts 16-byte
-  // lines, moved with one 16-byte access when in and out are both 16-byte
-  // aligned) and launches; a.world picks the kernel unless options.generic
-  // asks for the run-time one. cudaErrorInvalidValue for int32 or anything
-  // out of range.
-  static cudaError_t Launch(AllReduceArgs a, DType dtype, cudaStream_t stream,
-                            const OneShotOptions& options) {
-    if (a.n_bytes == 0) return cudaSuccess;
-    if (!LaunchArgsValid(a, kOneShotSentinelMaxBytes)) return cudaErrorInvalidValue;
-    const uint32_t lines = (a.n_bytes + kSentinelLineBytes - 1) / kSentinelLineBytes;
-    const uintptr_t bits = reinterpret_cast<uintptr_t>(a.in) | reinterpret_cast<uintptr_t>(a.out);
-    a.vector_lines = (bits & (kSentinelLineBytes - 1)) == 0 ? a.n_bytes / kSentinelLineBytes : 0;
-    const OneShotGrid g = OneShotGridFor(lines, options.block_lines);
-    a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
-    return Table::Run(a, dtype, options.generic ? 0 : a.world, g.blocks, g.threads, stream);
-  }
+  static KernelGrid Grid(uint32_t lines, int world, uint32_t block_lines);
 };
 
 }  // namespace llar

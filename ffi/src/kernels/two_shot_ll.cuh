@@ -1,5 +1,5 @@
 // Two-shot LL all-reduce (ARCHITECTURE.md, "Algorithms", item 3): the kernel
-// template. two_shot_ll.cu instantiates it and holds its launcher.
+// template and its Rule (host side). two_shot_ll.cu instantiates it.
 //
 // The payload of L = ceil(n_bytes / 8) LL lines is cut into `world` chunks,
 // as equal as possible: chunk q is TwoShotChunk(L, world, q) (args.h), the
@@ -372,31 +372,16 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
   if (MustRezero(epoch)) two_shot::RezeroSlots(own, half, world, block, t);
 }
 
-// Host side: the kernels for world sizes kWorlds... and any world size
-// (kWorld = 0), picked by dtype and the group's number of ranks.
-// TwoShotLLKernels' kernel names (kernel_table.cuh: Pick).
-struct TwoShotLLPick {
+// Host side (kernel_table.cuh): the row of Algorithm::kTwoShotLL on
+// TwoShotGridFor's grid over LL lines (kernels.h, two_shot_ll.cu); its region
+// holds TwoShotMaxSteps(world) steps.
+struct TwoShotLLRule : RuleOf<Algorithm::kTwoShotLL, LLLines> {
   template <typename T, int kWorld>
   static constexpr auto Get() { return &TwoShotLLKernel<T, kWorld>; }
-};
-
-template <int... kWorlds>
-struct TwoShotLLKernels : KernelTable<TwoShotLLPick, true, kWorlds...> {
-  using Table = KernelTable<TwoShotLLPick, true, kWorlds...>;
-
-  // Fills in the grid-dependent fields of `a` and launches.
-  static cudaError_t Launch(AllReduceArgs a, DType dtype, cudaStream_t stream) {
-    if (a.n_bytes == 0) return cudaSuccess;
-    if (!LaunchArgsValid(a, kTwoShotMaxBytes)) return cudaErrorInvalidValue;
-    const uint32_t lines = (a.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
-    a.vector_lines = VectorLines(a.n_bytes, {a.in, a.out});
-    const TwoShotGrid g = TwoShotGridFor(lines, a.world);
-    // The region holds TwoShotMaxSteps steps; the kernels for 2 ranks batch
-    // that many (kBatch) and compute offsets for all of them.
-    if (g.steps > TwoShotMaxSteps(a.world)) return cudaErrorInvalidValue;
-    a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
-    return Table::Run(a, dtype, a.world, g.blocks, g.threads, stream);
+  static KernelGrid Grid(uint32_t lines, int world, uint32_t) {
+    return TwoShotGridFor(lines, world);
   }
+  static uint32_t MaxSteps(int world) { return TwoShotMaxSteps(world); }
 };
 
 }  // namespace llar

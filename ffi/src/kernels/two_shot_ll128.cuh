@@ -1,6 +1,6 @@
 // Two-shot LL128 all-reduce: the two-shot of two_shot_ll.cuh in 128-byte
-// LL128 lines (ll128.cuh) instead of 16-byte LL lines. two_shot_ll128.cu
-// instantiates it and holds its grid rule and launcher.
+// LL128 lines (ll128.cuh) instead of 16-byte LL lines: the kernel template
+// and its Rule (host side: the grid rule). two_shot_ll128.cu instantiates it.
 //
 // Source: ARCHITECTURE.md, "Algorithms", item 3 (the two-shot, arXiv
 // 2607.16100, section 4), in NCCL's LL128 line format.
@@ -35,7 +35,7 @@
 // handles lines_per_block = ceil(|chunk 0| / blocks) chunk indices,
 // first = block * lines_per_block, slot t / 8 handling indices
 // first + s * (threads / 8) + t / 8 for steps s = 0 .. steps - 1
-// (TwoShotLL128GridFor, kernels.h). Units and tails as one_shot_ll128.cuh:
+// (TwoShotLL128Rule::Grid below). Units and tails as one_shot_ll128.cuh:
 // lane j < 7 of a line carries payload units 2j and 2j + 1, lane 7 unit 14.
 //
 // Region (args.h: TwoShotLL128Offset, TwoShotLL128RegionBytes): slot
@@ -365,29 +365,21 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
   if (MustRezero(epoch)) two_shot_ll128::RezeroParts(own, half, world, block, slot, part);
 }
 
-// Host side: the kernels for world sizes kWorlds... and any world size
-// (kWorld = 0), picked by dtype and the group's number of ranks.
-// TwoShotLL128Kernels' kernel names (kernel_table.cuh: Pick).
-struct TwoShotLL128Pick {
+// Host side (kernel_table.cuh): the row of Algorithm::kTwoShotLL128 and its
+// grid rule (two_shot_ll128.cu) for a payload of `lines` LL128 lines over
+// `world` ranks: the largest chunk, c = TwoShotLargestChunk(lines, world)
+// (kernel_table.cuh), spread over up to kMaxBlocks blocks of about
+// kBlockLines chunk lines each (the one-shot LL128's rule, not measured for
+// the two-shot); lines_per_block = ceil(c / blocks), threads = that in whole
+// warps of 4 line slots, at most kMaxThreads, and steps = ceil(lines_per_block
+// / (threads / 8)), at most TwoShotLL128MaxSteps(world), the steps its region
+// holds.
+struct TwoShotLL128Rule : RuleOf<Algorithm::kTwoShotLL128, LL128Lines> {
   template <typename T, int kWorld>
   static constexpr auto Get() { return &TwoShotLL128Kernel<T, kWorld>; }
-};
-
-template <int... kWorlds>
-struct TwoShotLL128Kernels : KernelTable<TwoShotLL128Pick, true, kWorlds...> {
-  using Table = KernelTable<TwoShotLL128Pick, true, kWorlds...>;
-
-  // Fills in the grid-dependent fields of `a` and launches.
-  static cudaError_t Launch(AllReduceArgs a, DType dtype, cudaStream_t stream) {
-    if (a.n_bytes == 0) return cudaSuccess;
-    if (!LaunchArgsValid(a, kTwoShotLL128MaxBytes)) return cudaErrorInvalidValue;
-    const uint32_t lines = (a.n_bytes + kLL128PayloadBytes - 1) / kLL128PayloadBytes;
-    a.vector_lines = VectorLines(a.n_bytes, {a.in, a.out});
-    const TwoShotGrid g = TwoShotLL128GridFor(lines, a.world);
-    if (g.steps > TwoShotLL128MaxSteps(a.world)) return cudaErrorInvalidValue;
-    a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
-    return Table::Run(a, dtype, a.world, g.blocks, g.threads, stream);
-  }
+  static KernelGrid Grid(uint32_t lines, int world, uint32_t block_lines);
+  static constexpr uint32_t kBlockLines = 8;
+  static uint32_t MaxSteps(int world) { return TwoShotLL128MaxSteps(world); }
 };
 
 }  // namespace llar

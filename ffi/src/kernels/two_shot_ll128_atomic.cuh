@@ -1,8 +1,8 @@
 // Two-shot LL128 atomic all-reduce: the two-shot LL128 (two_shot_ll128.cuh)
 // whose reduce-scatter adds every rank's lines into the chunk owner's
 // accumulator with `red.global.add` instead of storing them into per-source
-// slots for the owner to sum in rank order. two_shot_ll128_atomic.cu
-// instantiates it and holds its launcher.
+// slots for the owner to sum in rank order: the kernel template and its Rule
+// (host side). two_shot_ll128_atomic.cu instantiates it.
 //
 // Source: arXiv 2607.16100, section 4 (the atomic variant of the two-shot:
 // 128-byte lines added into the owner's zeroed accumulator, with a per-line
@@ -47,7 +47,7 @@
 // ceil(n_bytes / 120) LL128 lines cut into `world` chunks, TwoShotChunkOf;
 // rank q owns chunk q; chunk index i is handled by the 8 lanes of one line
 // slot; lane j < 7 of a line carries payload units 2j and 2j + 1, lane 7
-// unit 14; grid TwoShotLL128GridFor):
+// unit 14; grid TwoShotLL128Rule::Grid):
 //   1. reduce-scatter: for every peer q with i < |chunk q|, the lanes add
 //      line start(q) + i of the input into q's accumulator slot of (step,
 //      half, block, line slot) with red.relaxed.sys.global.add (float dtypes:
@@ -147,6 +147,7 @@
 
 #include "kernels/kernel_table.cuh"
 #include "kernels/kernels.h"
+#include "kernels/two_shot_ll128.cuh"  // TwoShotLL128Rule, Units
 #include "llar/args.h"
 #include "llar/epoch.cuh"
 #include "llar/ll128.cuh"
@@ -345,26 +346,11 @@ static __device__ __noinline__ void RezeroGather(char* own, int half, int world,
   }
 }
 
-// The lane's payload units of line `line` of `in`: the first, and the
-// second for lanes that are not the flag lane ({0, 0} there).
-struct Units {
-  uint2 u0, u1;
-};
-__device__ __forceinline__ Units LoadUnits(const AllReduceArgs& a, uint32_t line, bool flag_lane,
-                                           int first_unit) {
-  const uint32_t unit = line * kLL128UnitsPerLine + first_unit;
-  Units u;
-  u.u0 = LoadPayload(a.in, a.n_bytes, a.vector_lines, unit);
-  u.u1 = flag_lane ? uint2{0u, 0u} : LoadPayload(a.in, a.n_bytes, a.vector_lines, unit + 1);
-  return u;
-}
-
-__device__ __forceinline__ void StoreUnits(const AllReduceArgs& a, uint32_t line, bool flag_lane,
-                                           int first_unit, uint2 u0, uint2 u1) {
-  const uint32_t unit = line * kLL128UnitsPerLine + first_unit;
-  StorePayload(a.out, a.n_bytes, a.vector_lines, unit, u0);
-  if (!flag_lane) StorePayload(a.out, a.n_bytes, a.vector_lines, unit + 1, u1);
-}
+// The lane's payload units of a line, loaded from `in` and stored to `out`:
+// the two-shot LL128's (two_shot_ll128.cuh).
+using two_shot_ll128::LoadUnits;
+using two_shot_ll128::StoreUnits;
+using two_shot_ll128::Units;
 
 }  // namespace two_shot_ll128_atomic
 
@@ -507,29 +493,14 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   if (MustRezero(epoch)) at::RezeroGather(own, half, world, block, slot, part);
 }
 
-// Host side: the kernels for world sizes kWorlds... and any world size
-// (kWorld = 0), picked by dtype and the group's number of ranks.
-// TwoShotLL128AtomicKernels' kernel names (kernel_table.cuh: Pick).
-struct TwoShotLL128AtomicPick {
+// Host side (kernel_table.cuh): the row of Algorithm::kTwoShotLL128Atomic on
+// the two-shot LL128's lines, grid rule (two_shot_ll128_atomic.cu) and steps
+// (TwoShotLL128Rule; the region holds as many steps).
+struct TwoShotLL128AtomicRule : TwoShotLL128Rule {
+  static constexpr Algorithm kAlgorithm = Algorithm::kTwoShotLL128Atomic;
   template <typename T, int kWorld>
   static constexpr auto Get() { return &TwoShotLL128AtomicKernel<T, kWorld>; }
-};
-
-template <int... kWorlds>
-struct TwoShotLL128AtomicKernels : KernelTable<TwoShotLL128AtomicPick, true, kWorlds...> {
-  using Table = KernelTable<TwoShotLL128AtomicPick, true, kWorlds...>;
-
-  // Fills in the grid-dependent fields of `a` and launches.
-  static cudaError_t Launch(AllReduceArgs a, DType dtype, cudaStream_t stream) {
-    if (a.n_bytes == 0) return cudaSuccess;
-    if (!LaunchArgsValid(a, kTwoShotLL128AtomicMaxBytes)) return cudaErrorInvalidValue;
-    const uint32_t lines = (a.n_bytes + kLL128PayloadBytes - 1) / kLL128PayloadBytes;
-    a.vector_lines = VectorLines(a.n_bytes, {a.in, a.out});
-    const TwoShotGrid g = TwoShotLL128GridFor(lines, a.world);
-    if (g.steps > TwoShotLL128MaxSteps(a.world)) return cudaErrorInvalidValue;
-    a.lines_per_block = static_cast<uint16_t>(g.lines_per_block);
-    return Table::Run(a, dtype, a.world, g.blocks, g.threads, stream);
-  }
+  static KernelGrid Grid(uint32_t lines, int world, uint32_t block_lines);
 };
 
 }  // namespace llar

@@ -7,7 +7,7 @@ XLA_FLAGS=--xla_gpu_graph_min_graph_size=1 and a short JAX_LLAR_TIMEOUT_MS.
    fusion after each, runs 3 times: right sums, on the fast path; XLA
    captures it into a CUDA graph.
 2. The test hook fails the next registration of the set once it is complete
-   (fail_next_registration_for_testing, registry.h:
+   (fail_next_registration_for_testing, registry/seams.h:
    FailNextRegistrationForTesting), and the two-shot's region is asked for
    (CommSet.ensure, as a lowering would): the set is given up. Recorded: the
    error, the regions afterwards (none: withdrawn), the scratch bytes (kept)
