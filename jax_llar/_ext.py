@@ -6,6 +6,10 @@ same ``libnccl.so.2`` as JAX's CUDA plugin (a second NCCL in the default
 library path gets picked up otherwise). Before importing the module we load,
 with RTLD_GLOBAL, the libnccl.so.2 that the process already mapped (or the
 nvidia-nccl wheel's), and afterwards we check:
+  - that the running jaxlib's XLA FFI API has the major version of the
+    headers the handlers were compiled against, at the same or a later minor
+    version (``_build_info.XLA_FFI_API_VERSION``; a build without that record
+    is not checked);
   - that the runtime NCCL has the major.minor of the headers the kernels were
     compiled against, at the same or a later patch level (the device code
     reads NCCL's window and device-communicator structs with that layout);
@@ -13,12 +17,13 @@ nvidia-nccl wheel's), and afterwards we check:
     ``MAX_BYTES``, ``MAX_RANKS``), the signed algorithms (``SIGNED``) and
     the signature's width (``SIGNATURE_BITS``) equal ``jax_llar.algorithms``'
     and ``jax_llar.signature``'s.
-Either failure leaves the fast path inactive, with the reason in `reason()`.
+Any failure leaves the fast path inactive, with the reason in `reason()`.
 A working extension with a (jax, NCCL) pair that was never tested on GPUs is
 used, and a warning says so once.
 
 The build writes ``jax_llar/_build_info.py`` (CMake: ``NCCL_VERSION_CODE``,
-``CUDA_VERSION``, ``CUDA_ARCHITECTURES``, ``JAXLIB_VERSION``) next to the extension; a source
+``CUDA_VERSION``, ``CUDA_ARCHITECTURES``, ``JAXLIB_VERSION``, ``XLA_FFI_API_VERSION``) next
+to the extension; a source
 tree without a CUDA build has neither.
 """
 
@@ -30,6 +35,7 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import re
 import sys
 import threading
 from typing import Any
@@ -98,6 +104,10 @@ def _load_locked() -> None:
     _reason = f"JAX has no CUDA backend ({e})"
     return
   del cuda_devices
+  ffi_mismatch = ffi_api_mismatch(built_ffi_api_version(), runtime_ffi_api_version())
+  if ffi_mismatch is not None:
+    _reason = ffi_mismatch
+    return
   path = nccl_library_path()
   if path is not None:
     try:
@@ -126,6 +136,61 @@ def _load_locked() -> None:
     jax.ffi.register_ffi_target(name, fn, platform="CUDA")
   _module = mod
   atexit.register(_print_error_reports)
+
+
+def runtime_ffi_api_version() -> tuple[int, int] | None:
+  """(major, minor) of the XLA FFI API of the jaxlib in this process, read
+  from its headers (``jax.ffi.include_dir()``, ``XLA_FFI_API_MAJOR/MINOR`` in
+  ``xla/ffi/api/c_api.h``), or None when they cannot be read."""
+  try:
+    path = os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")
+    with open(path, encoding="utf-8", errors="replace") as f:
+      text = f.read()
+  except (OSError, AttributeError):
+    return None
+  return _parse_ffi_api_version(text)
+
+
+def _parse_ffi_api_version(text: str) -> tuple[int, int] | None:
+  found = dict(re.findall(r"^#define XLA_FFI_API_(MAJOR|MINOR)\s+(\d+)\s*$", text,
+                          re.MULTILINE))
+  if set(found) != {"MAJOR", "MINOR"}:
+    return None
+  return int(found["MAJOR"]), int(found["MINOR"])
+
+
+def built_ffi_api_version() -> tuple[int, int] | None:
+  """(major, minor) of the XLA FFI API the handlers were compiled against
+  (``_build_info.XLA_FFI_API_VERSION``), or None from a build without it."""
+  try:
+    info = importlib.import_module("jax_llar._build_info")
+    major, minor = info.XLA_FFI_API_VERSION
+    return int(major), int(minor)
+  except Exception:  # pylint: disable=broad-exception-caught
+    return None
+
+
+def ffi_api_mismatch(built_version: tuple[int, int] | None,
+                     runtime_version: tuple[int, int] | None) -> str | None:
+  """Why handlers compiled against XLA FFI API `built_version` cannot run with
+  jaxlib's `runtime_version`, or None when they can (or either is unknown).
+
+  XLA's runtime keeps supporting handlers built against older minor versions
+  of its API, and a major version change breaks the ABI (xla/ffi/api/c_api.h,
+  "Version"): the runtime needs the same major version and at least the minor
+  version of the headers the handlers were built with.
+  """
+  if built_version is None or runtime_version is None:
+    return None
+  if (runtime_version[0] == built_version[0]
+      and runtime_version[1] >= built_version[1]):
+    return None
+  b, r = ("%d.%d" % built_version), ("%d.%d" % runtime_version)
+  return (f"the handlers were compiled against XLA FFI API {b} and this jaxlib "
+          f"({getattr(jax, '__version__', '?')}) has XLA FFI API {r}: rebuild "
+          f"jax_llar against this jaxlib (pip install --no-build-isolation "
+          f"--force-reinstall --no-deps .) or install the jaxlib it was built "
+          f"with")
 
 
 def constants_mismatch(mod: Any) -> str | None:
@@ -268,11 +333,12 @@ def build_info() -> dict[str, Any] | None:
 
   Returns:
     ``{"nccl_version_code": int, "cuda_version": str,
-    "cuda_architectures": str, "jaxlib_version": str | None}``: the NCCL
+    "cuda_architectures": str, "jaxlib_version": str | None,
+    "xla_ffi_api_version": [int, int] | None}``: the NCCL
     headers' NCCL_VERSION_CODE, the nvcc version, the CUDA architectures
     (e.g. ``"90;100"``) and the version of the jaxlib whose XLA FFI headers
-    the handlers were compiled against (None from a build that predates
-    that record).
+    the handlers were compiled against and their XLA FFI API version
+    (major, minor) (each None from a build that predates that record).
   """
   try:
     info = importlib.import_module("jax_llar._build_info")
@@ -283,6 +349,7 @@ def build_info() -> dict[str, Any] | None:
         "cuda_architectures": str(info.CUDA_ARCHITECTURES),
         "jaxlib_version": (str(jaxlib_version) if jaxlib_version is not None
                            else None),
+        "xla_ffi_api_version": (list(built_ffi_api_version() or ()) or None),
     }
   except Exception:  # pylint: disable=broad-exception-caught
     return None

@@ -136,7 +136,8 @@ def test_status_build_information_is_consistent():
     assert s["nccl_compiled"] is None
   else:
     assert set(info) == {"nccl_version_code", "cuda_version",
-                         "cuda_architectures", "jaxlib_version"}
+                         "cuda_architectures", "jaxlib_version",
+                         "xla_ffi_api_version"}
     assert s["nccl_compiled"] == info["nccl_version_code"] > 0
   if s["built"]:
     assert s["nccl_compiled"] is not None, (
@@ -165,7 +166,8 @@ def test_build_info_from_the_generated_module(monkeypatch):
       _ext.importlib, "import_module",
       lambda name: generated if name == "jax_llar._build_info" else real_import(name))
   want = {"nccl_version_code": 22809, "cuda_version": "13.0.88",
-          "cuda_architectures": "90;100", "jaxlib_version": None}
+          "cuda_architectures": "90;100", "jaxlib_version": None,
+          "xla_ffi_api_version": None}
   assert _ext.build_info() == want
   s = jax_llar.status()
   assert (s["build"], s["nccl_compiled"]) == (want, 22809)
@@ -318,3 +320,40 @@ def test_settings_reject_values_of_the_wrong_kind():
     assert llar_settings.max_bytes == 1024 and type(llar_settings.max_bytes) is int
   finally:
     llar_settings.max_bytes = old
+
+
+@pytest.mark.parametrize("built,runtime,ok", [
+    ((0, 5), (0, 5), True),
+    ((0, 4), (0, 5), True),    # handlers built against an older minor version
+    ((0, 5), (0, 4), False),   # built against a newer jaxlib than runs
+    ((0, 5), (1, 0), False),   # another major version: ABI changed
+    (None, (0, 5), True),      # a build without the record is not checked
+    ((0, 5), None, True),      # headers of the runtime not readable
+])
+def test_ffi_api_mismatch(built, runtime, ok):
+  why = _ext.ffi_api_mismatch(built, runtime)
+  if ok:
+    assert why is None
+  else:
+    assert "%d.%d" % built in why and "%d.%d" % runtime in why
+    assert "rebuild" in why
+
+
+def test_runtime_ffi_api_version_reads_jaxlib_headers():
+  """The running jaxlib's headers give a version; the parser needs both lines."""
+  version = _ext.runtime_ffi_api_version()
+  assert version is not None and all(isinstance(v, int) for v in version)
+  assert _ext._parse_ffi_api_version(
+      "#define XLA_FFI_API_MAJOR 0\n#define XLA_FFI_API_MINOR 7\n") == (0, 7)
+  assert _ext._parse_ffi_api_version("#define XLA_FFI_API_MAJOR 0\n") is None
+
+
+def test_built_ffi_api_version_from_the_generated_module(monkeypatch):
+  generated = types.SimpleNamespace(XLA_FFI_API_VERSION=(0, 4))
+  real_import = _ext.importlib.import_module
+  monkeypatch.setattr(
+      _ext.importlib, "import_module",
+      lambda name: generated if name == "jax_llar._build_info" else real_import(name))
+  assert _ext.built_ffi_api_version() == (0, 4)
+  monkeypatch.setattr(_ext.importlib, "import_module", _missing_build_info)
+  assert _ext.built_ffi_api_version() is None

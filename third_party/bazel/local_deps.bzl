@@ -11,7 +11,7 @@ into one external repository, @jax_llar_deps, with these targets:
 
   :python_headers  :nanobind  :xla_ffi  :nccl  :cuda  (cc_library)
   :cuda_compile_inputs  the headers an nvcc compile reads (a filegroup)
-  build_info.bzl   NCCL_VERSION_CODE, CUDA_VERSION, JAXLIB_VERSION, NVCC (the
+  build_info.bzl   NCCL_VERSION_CODE, CUDA_VERSION, JAXLIB_VERSION, XLA_FFI_API_VERSION, NVCC (the
                    toolkit's nvcc, an absolute path: the build is local)
 
 Nothing is downloaded; a missing piece fails the fetch with what to install.
@@ -72,6 +72,18 @@ def _nccl_version_code(rctx, header):
             return parts[2]
     _fail("no NCCL_VERSION_CODE in " + str(header))
 
+def _ffi_api_version(rctx, header):
+    """(major, minor) of XLA_FFI_API_MAJOR/MINOR in jaxlib's c_api.h, as text."""
+    found = {}
+    for line in rctx.read(header).splitlines():
+        parts = [w for w in line.replace("\t", " ").split(" ") if w]
+        if len(parts) == 3 and parts[0] == "#define" and parts[1] in (
+                "XLA_FFI_API_MAJOR", "XLA_FFI_API_MINOR"):
+            found[parts[1]] = parts[2]
+    if len(found) != 2:
+        _fail("no XLA_FFI_API_MAJOR/MINOR in " + str(header))
+    return "(%s, %s)" % (found["XLA_FFI_API_MAJOR"], found["XLA_FFI_API_MINOR"])
+
 def _cuda_version(rctx, nvcc):
     r = rctx.execute([nvcc, "--version"])
     if r.return_code != 0:
@@ -103,6 +115,8 @@ def _impl(rctx):
         "NCCL_VERSION_CODE = \"%s\"" % _nccl_version_code(rctx, rctx.path("nccl/include/nccl.h")),
         "CUDA_VERSION = \"%s\"" % _cuda_version(rctx, nvcc),
         "JAXLIB_VERSION = \"%s\"" % paths["jaxlib_version"],
+        "XLA_FFI_API_VERSION = \"%s\"" % _ffi_api_version(
+            rctx, rctx.path("xla_ffi/xla/ffi/api/c_api.h")),
         # The toolkit's own nvcc, by absolute path (nvcc finds its toolkit
         # from where it is; a symlink in this repository would mislead it).
         "NVCC = \"%s/bin/nvcc\"" % cuda,
