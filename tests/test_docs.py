@@ -12,6 +12,7 @@ import importlib.util
 import inspect
 import pathlib
 import re
+import tomllib
 
 import pytest
 
@@ -127,7 +128,9 @@ def test_every_relative_link_lands(page):
 def test_the_readme_keeps_the_ci_test_command_and_links_every_page():
   readme = (ROOT / "README.md").read_text()
   ci = (ROOT / ".ci" / "run").read_text()
-  command = "python -m pip install -e '.[test]' && python -m pytest -q -rs tests"
+  command = ("python -m pip install --group build && "
+             "python -m pip install --no-build-isolation -e '.[test]' && "
+             "python -m pytest -q -rs tests")
   assert command in ci and command in readme
   linked = {pathlib.Path(t.partition("#")[0]).name for t in _links(ROOT / "README.md")}
   for page in sorted(DOCS.glob("*.md")):
@@ -135,6 +138,19 @@ def test_the_readme_keeps_the_ci_test_command_and_links_every_page():
   # Sections the library's docstrings and messages point to (README_SECTION).
   for section in ("## Getting the speed in loops", "## One process per GPU"):
     assert section in readme, section
+
+
+def test_the_build_group_holds_the_build_requirements():
+  """`pip install --group build` (the README's test command) installs the
+  packages of [build-system] requires, so a build without isolation has all
+  an isolated one has."""
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+  def names(reqs):
+    return sorted(re.match(r"[A-Za-z0-9_.-]+", r).group(0).lower() for r in reqs)
+
+  assert names(project["dependency-groups"]["build"]) == names(
+      project["build-system"]["requires"])
 
 
 def test_benchmarks_point_at_nothing_outside_the_repository():
