@@ -102,13 +102,15 @@ struct LLAR_API AlgorithmHost {
                                int* blocks_per_sm);
 };
 // One .cu instantiates each (the one of the algorithm); no other unit does.
-extern template struct AlgorithmHost<Algorithm::kOneShotLL>;
-extern template struct AlgorithmHost<Algorithm::kTwoShotLL>;
-extern template struct AlgorithmHost<Algorithm::kOneShotSentinel>;
-extern template struct AlgorithmHost<Algorithm::kOneShotLL128>;
-extern template struct AlgorithmHost<Algorithm::kNcclLLA2AOneShot>;
-extern template struct AlgorithmHost<Algorithm::kTwoShotLL128>;
-extern template struct AlgorithmHost<Algorithm::kTwoShotLL128Atomic>;
+// These declarations carry LLAR_API themselves: without it clang (the CUDA 12
+// build) leaves the instantiations hidden and the modules fail to load.
+extern template struct LLAR_API AlgorithmHost<Algorithm::kOneShotLL>;
+extern template struct LLAR_API AlgorithmHost<Algorithm::kTwoShotLL>;
+extern template struct LLAR_API AlgorithmHost<Algorithm::kOneShotSentinel>;
+extern template struct LLAR_API AlgorithmHost<Algorithm::kOneShotLL128>;
+extern template struct LLAR_API AlgorithmHost<Algorithm::kNcclLLA2AOneShot>;
+extern template struct LLAR_API AlgorithmHost<Algorithm::kTwoShotLL128>;
+extern template struct LLAR_API AlgorithmHost<Algorithm::kTwoShotLL128Atomic>;
 
 // The host functions the tools (ffi/tools) call by name.
 inline constexpr auto& LaunchOneShotLL = AlgorithmHost<Algorithm::kOneShotLL>::Launch;
