@@ -3,7 +3,8 @@ no traceback, the token ids of lax.psum and jax_llar.psum agree, --json
 writes a result in the result-file shape with every implementation and the
 floor, and the model decodes the same tokens incrementally as in one
 prefill; hlo_check finds the in-place cache updates; the fused decode step
-and the step as first written decode the same tokens; --shard_of runs one
+and the step as first written compute the same logits (within bfloat16
+rounding); --shard_of runs one
 TP=2 shard with the identity only."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -137,30 +139,69 @@ def test_decode_matches_prefill_and_cache_is_updated_in_place(tp_model):
   assert r["n_while"] == 0 and r["n_kernels"] > 0
 
 
-def test_step_forms_decode_the_same_tokens(tp_model):
+def test_step_forms_compute_the_same_logits(tp_model):
   """The fused decode step (model.Step()) and the step as first written
-  (Step.dots(): XLA's dots, a K and a V cache) decode the same tokens, and
-  so does one TP=2 shard's model on one device with either form."""
+  (Step.dots(): XLA's dots, a K and a V cache) compute the same logits, and
+  so does one TP=2 shard's model on one device with either form: fed the
+  same tokens (the fused form's greedy tokens from decode_scan), every
+  step's logits of the two forms are within 3% of the largest. The forms
+  round to bfloat16 at different points, so they are not bitwise equal
+  (0.6-1.2% measured, NOTES entry 62) and a greedy choice between two
+  logits closer than that can go either way (seed 2 does under jax 0.11.2);
+  a cache read one position off differs by 13% or more. The fused form's
+  own step program gives its scan's tokens."""
   model, _ = tp_model
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax import lax  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
-  plen, n = 6, 6
+  plen, n, bound = 6, 6, 3e-2
   for devices, cfg in ((jax.devices()[:2], model.PRESETS["small"]),
                        (jax.devices()[:1], model.PRESETS["small"].shard(2))):
     mesh = Mesh(np.array(devices), ("tp",))
     prompt = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab, (1, plen)), jnp.int32)
-    out = {}
+    forms = {}
     for name, step in (("step", model.Step()), ("dots", model.Step.dots())):
       m = model.build(cfg, mesh, 1, plen + n, step)
       params = m.init_params(0)
-      tok0, cache0 = m.prefill()(params, prompt, m.init_cache())
-      toks, _, _, _ = m.decode_scan(lax.psum, n)(params, tok0, cache0, jnp.int32(plen),
-                                                 jnp.zeros((n, 1), jnp.int32))
-      out[name] = np.asarray(toks)[:, 0]
-    np.testing.assert_array_equal(out["step"], out["dots"])
+      tok0, cache = m.prefill()(params, prompt, m.init_cache())
+      forms[name] = [m, params, m.step_logits(), cache]
+      if name == "step":  # the tokens that both forms are fed
+        tok = jnp.array(tok0)  # decode_scan donates its tok0
+        _, cache = m.prefill()(params, prompt, m.init_cache())
+        toks, _, _, _ = m.decode_scan(lax.psum, n)(params, tok0, cache, jnp.int32(plen),
+                                                   jnp.zeros((n, 1), jnp.int32))
+        toks = np.asarray(toks)[:, 0]
+    for i in range(n):
+      logits = {}
+      for name, form in forms.items():
+        m, params, f, cache = form
+        lg, form[3] = f(params, tok, cache, jnp.int32(plen + i))
+        logits[name] = np.asarray(lg)[0]
+        assert logits[name].shape == (cfg.vocab,)
+      a, b = logits["step"], logits["dots"]
+      assert a.argmax() == toks[i], (i, a.argmax(), toks[i])
+      rel = np.abs(a - b).max() / np.abs(a).max()
+      assert rel < bound, (i, rel)
+      tok = jnp.asarray(toks[i:i + 1])
+
+
+def test_compare_forms_on_cpu():
+  """examples/tp_decode/compare_forms.py (the measurement behind the bound
+  above) runs as a new user runs it and reports differences within it."""
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                              if "xla_force_host_platform_device_count" not in f)
+  p = subprocess.run([sys.executable, "examples/tp_decode/compare_forms.py", "--seeds=1",
+                      "--steps=2", "--noshard"], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=300)
+  assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+  m = re.search(r", 2 steps: logits differ by ([0-9.]+)-([0-9.]+)% of the largest", p.stdout)
+  assert m, p.stdout[-2000:]
+  assert 0 < float(m.group(1)) <= float(m.group(2)) < 3, m.group(0)
+  assert p.stdout.count("TP=2            seed 0 step") == 2, p.stdout
 
 
 def test_fused_step_form(tp_model):

@@ -196,7 +196,11 @@ def _mv(x: jax.Array, ws, with_ss: bool):
 @dataclasses.dataclass(frozen=True)
 class Step:
   """How the decode step is written; every form computes the same function
-  (in a different order of float32 summation).
+  in exact arithmetic, in a different order of float32 summation and with
+  bfloat16 rounding at different points (e.g. the in-row norm scales the
+  rounded product, the "apart" norm rounds the normalised input): the forms'
+  logits differ by about 1% of the largest logit, so their greedy tokens
+  can differ at a near tie (compare them with `Model.step_logits`).
 
   Attributes:
     mv: matrix-vector products (at most `mv_rows` rows) as "reduce" (a
@@ -485,6 +489,24 @@ class Model:
     """tokens (B, T) at positions pos ..: the greedy next token (B,) int32
     after the last position, and the updated cache. add_norm: the fused
     step of norm "fused" (default: `unfused_add_norm(psum_fn)`)."""
+    logits, new_cache = self._logits(params, tokens, cache, pos, psum_fn, add_norm)
+    # Greedy argmax over the vocabulary split across devices: every device
+    # puts its (max, global index) in its own slot; one all-reduce shares
+    # them. Ties go to the lowest device, as argmax over the whole row.
+    tp, v_loc = self.tp, self.cfg.vocab // self.tp
+    r = lax.axis_index("tp")
+    local = jnp.stack([jnp.max(logits, -1),
+                       (jnp.argmax(logits, -1) + r * v_loc).astype(jnp.float32)], -1)
+    slots = jnp.zeros((self.batch, tp, 2), jnp.float32).at[:, r].set(local)
+    slots = psum_fn(slots, "tp")
+    best = jnp.argmax(slots[..., 0], -1)
+    tok = jnp.take_along_axis(slots[..., 1], best[:, None], -1)[:, 0].astype(jnp.int32)
+    return tok, new_cache
+
+  def _logits(self, params, tokens, cache, pos, psum_fn: PsumFn,
+              add_norm: AddNormFn | None = None):
+    """As `_forward`, but this device's float32 logits (B, V/tp) of the last
+    position (its slice of the vocabulary) in place of the token."""
     st = self.step
     if st.norm == "fused" and add_norm is None:
       add_norm = unfused_add_norm(psum_fn)
@@ -511,18 +533,7 @@ class Model:
       logits = _mm(xl, params["lm_head"], jnp.float32)  # (B, V/tp)
       if st.head_scale:
         logits = logits * self._rms_scale(xl)
-    # Greedy argmax over the vocabulary split across devices: every device
-    # puts its (max, global index) in its own slot; one all-reduce shares
-    # them. Ties go to the lowest device, as argmax over the whole row.
-    tp, v_loc = self.tp, self.cfg.vocab // self.tp
-    r = lax.axis_index("tp")
-    local = jnp.stack([jnp.max(logits, -1),
-                       (jnp.argmax(logits, -1) + r * v_loc).astype(jnp.float32)], -1)
-    slots = jnp.zeros((self.batch, tp, 2), jnp.float32).at[:, r].set(local)
-    slots = psum_fn(slots, "tp")
-    best = jnp.argmax(slots[..., 0], -1)
-    tok = jnp.take_along_axis(slots[..., 1], best[:, None], -1)[:, 0].astype(jnp.int32)
-    return tok, new_cache
+    return logits, new_cache
 
   def _sharded(self, fn, in_specs, out_specs):
     return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs,
@@ -550,6 +561,18 @@ class Model:
     g = self._sharded(f, (self.param_specs, P(), self.cache_specs(), P()),
                       (P(), self.cache_specs(), P()))
     return jax.jit(g, donate_argnums=(2, 3))
+
+  def step_logits(self, psum_fn: PsumFn = lax.psum, add_norm: AddNormFn | None = None):
+    """Jitted ``logits(params, tok, cache, pos) -> (logits, cache)``: as
+    `decode_step`, but the float32 logits (B, V) of the next token (every
+    device's slice of the vocabulary, in order) in place of the greedy token,
+    for checks that compare forms by value rather than by a greedy choice
+    that a near tie can flip. cache is donated and returned in place."""
+    def f(params, tok, cache, pos):
+      return self._logits(params, tok[:, None], cache, pos, psum_fn, add_norm)
+    g = self._sharded(f, (self.param_specs, P(), self.cache_specs(), P()),
+                      (P(None, "tp"), self.cache_specs()))
+    return jax.jit(g, donate_argnums=(2,))
 
   def decode_scan(self, psum_fn: PsumFn, n_tokens: int, add_norm: AddNormFn | None = None):
     """Jitted ``decode(params, tok, cache, pos, toks) -> (toks, tok, cache,
