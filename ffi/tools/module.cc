@@ -22,6 +22,7 @@
 #include "llar/args.h"
 #include "loopback.h"
 #include "loopback_add_rms_norm.h"
+#include "loopback_group.h"
 #include "one_shot_ll_diag.h"
 #include "preload.h"
 #include "registry.h"
@@ -122,9 +123,13 @@ NB_MODULE(_llar_tools, m) {
         nb::dict out;
         out["jax_llar_copy"] = nb::capsule(h.copy);
         out["jax_llar_copy_wide"] = nb::capsule(h.wide_copy);
+        const llar::LoopbackHandlers lb = llar::GetLoopbackHandlers();
+        out["jax_llar_loopback_all_reduce"] = nb::capsule(lb.all_reduce);
+        out["jax_llar_loopback_add_rms_norm"] = nb::capsule(lb.add_rms_norm);
         return out;
       },
-      "Target name -> execute capsule of the copy targets (kCmdBufferCompatible).");
+      "Target name -> execute capsule of the copy and loopback-group targets "
+      "(kCmdBufferCompatible).");
 
   nb::dict dtype_codes;
   dtype_codes["float32"] = static_cast<int>(llar::DType::kF32);
@@ -543,4 +548,106 @@ NB_MODULE(_llar_tools, m) {
       "text), deadline_exceeded, epochs_checked, epoch_mismatch. ValueError for a "
       "bad case (also one whose ranks' clusters do not fit on the device at once), "
       "RuntimeError for a CUDA failure while setting up.");
+
+  m.def(
+      "loopback_add_rms_norm_plan",
+      [](int world, int dtype, int weight_dtype, uint32_t rows, uint32_t d, int32_t ordinal) {
+        llar::FusedLoopbackSpec s;
+        s.ordinal = ordinal;
+        s.world = world;
+        s.dtype = static_cast<llar::DType>(dtype);
+        s.weight = static_cast<llar::DType>(weight_dtype);
+        s.rows = rows;
+        s.d = d;
+        s.timeout_ns = 1'000'000'000ull;
+        llar::FusedLoopbackPlan p;
+        {
+          nb::gil_scoped_release release;
+          p = llar::PlanFusedLoopback(s);
+        }
+        nb::dict out;
+        out["blocks"] = p.grid.blocks;
+        out["cluster_blocks"] = p.grid.cluster_blocks;
+        out["threads"] = p.grid.threads;
+        out["max_active_clusters"] = p.max_active_clusters;
+        out["clusters"] = p.clusters;
+        out["co_resident"] = p.co_resident;
+        return out;
+      },
+      nb::arg("world"), nb::arg("dtype"), nb::arg("weight_dtype"), nb::arg("rows"),
+      nb::arg("d"), nb::arg("ordinal") = 0,
+      "The fused loopback's plan for one case, without running it: grid (blocks, "
+      "cluster_blocks, threads), max_active_clusters, clusters (world x rows), "
+      "co_resident. ValueError for a case the grid rule does not serve.");
+
+  // Loopback groups behind FFI custom calls (loopback_group.h).
+  m.def(
+      "create_loopback_group",
+      [](int world, const std::vector<int64_t>& algorithms, double timeout_ms,
+         int32_t ordinal) {
+        if (!(timeout_ms > 0) || timeout_ms > 600000) {
+          throw std::invalid_argument(
+              "jax_llar loopback group: the timeout must be 1-600000 ms");
+        }
+        const uint64_t timeout_ns = static_cast<uint64_t>(timeout_ms * 1e6);
+        nb::gil_scoped_release release;
+        return llar::CreateLoopbackGroup(ordinal, world, algorithms, timeout_ns);
+      },
+      nb::arg("world"), nb::arg("algorithms"), nb::arg("timeout_ms") = 2000.0,
+      nb::arg("ordinal") = 0,
+      "Makes a loopback group of `world` simulated ranks on CUDA device `ordinal` "
+      "holding the regions of `algorithms` (ids); returns its id. ValueError for a "
+      "bad argument, RuntimeError for a CUDA failure.");
+  m.def(
+      "destroy_loopback_group",
+      [](int64_t id) {
+        nb::gil_scoped_release release;
+        llar::DestroyLoopbackGroup(id);
+      },
+      nb::arg("id"),
+      "Waits (bounded) for the group's streams and frees it. ValueError for an "
+      "unknown id; RuntimeError when its streams failed or did not finish.");
+  m.def(
+      "loopback_group_info",
+      [](int64_t id) {
+        const llar::LoopbackGroupInfo info = llar::LoopbackGroupInfoOf(id);
+        nb::dict d;
+        d["ordinal"] = info.ordinal;
+        d["world"] = info.world;
+        d["algorithms"] = info.algorithms;
+        d["timeout_ns"] = info.timeout_ns;
+        return d;
+      },
+      nb::arg("id"), "ordinal, world, algorithms, timeout_ns of a group. ValueError if unknown.");
+  m.def(
+      "loopback_group_records",
+      [](int64_t id) {
+        nb::list out;
+        for (const auto& r : llar::LoopbackGroupRecords(id)) out.append(RecordDict(r));
+        return out;
+      },
+      nb::arg("id"), "Each rank's error record (code 0: nothing reported).");
+  m.def(
+      "loopback_group_epochs",
+      [](int64_t id, int64_t algorithm) {
+        if (algorithm <= 0 || algorithm >= llar::kMaxAlgorithms) {
+          throw std::invalid_argument("jax_llar loopback group: unknown algorithm id " +
+                                      std::to_string(algorithm));
+        }
+        std::vector<std::vector<uint64_t>> state;
+        {
+          nb::gil_scoped_release release;
+          state = llar::LoopbackGroupState(id);
+        }
+        const int start = llar::EpochSetOffset(static_cast<llar::Algorithm>(algorithm));
+        std::vector<std::vector<uint64_t>> out;
+        for (const auto& words : state) {
+          out.emplace_back(words.begin() + start, words.begin() + start + llar::kEpochCounters);
+        }
+        return out;
+      },
+      nb::arg("id"), nb::arg("algorithm"),
+      "Each rank's epoch counters of `algorithm`'s set (EPOCH_SHAPE = blocks x "
+      "warps, flattened), after a bounded wait for the group's streams.");
+  m.attr("EPOCH_SHAPE") = nb::make_tuple(llar::kMaxBlocks, llar::kMaxWarps);
 }

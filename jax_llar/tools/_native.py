@@ -58,7 +58,8 @@ def load() -> Any | None:
 
   The first call loads ``jax_llar._ext`` (which needs JAX's CUDA backend),
   imports the tools module and registers its FFI targets
-  (``jax_llar_copy``, ``jax_llar_copy_wide``) with
+  (``jax_llar_copy``, ``jax_llar_copy_wide``, ``jax_llar_loopback_all_reduce``,
+  ``jax_llar_loopback_add_rms_norm``) with
   ``jax.ffi.register_ffi_target(..., platform="CUDA")``.
   """
   with _lock:

@@ -49,7 +49,8 @@ from jax_llar.tools import traces
 TARGET = "jax_llar_all_reduce"
 # The custom-call target of each implementation the child can run (the copy
 # call's is jax_llar.tools.copy.TARGET_COPY).
-TARGETS = {"llar": TARGET, "copy": "jax_llar_copy"}
+TARGETS = {"llar": TARGET, "copy": "jax_llar_copy",
+           "loopback": "jax_llar_loopback_all_reduce"}
 CHILD = "jax_llar.tools.programs.graph_child"
 # Event names that tell how the GPU work was launched.
 _LAUNCH_EVENTS = re.compile(r"command|graph|llar|OneShot|Copy|LaunchKernel", re.I)
@@ -321,7 +322,8 @@ def _last_json_line(text: str) -> dict | None:
 
 def check(out_dir: str, xla_flags: Sequence[str] = (), impl: str = "llar",
           timeout_s: int = 600) -> dict:
-  """Runs the chain of `impl` (``"llar"`` or ``"copy"``) in a child process
+  """Runs the chain of `impl` (``"llar"``, ``"copy"`` or ``"loopback"``: a
+  loopback group of 2 simulated ranks on one GPU) in a child process
   whose ``XLA_FLAGS`` are `xla_flags` plus ``--xla_dump_to`` (this process's
   ``XLA_FLAGS`` are not passed on) and returns the verdict.
 
@@ -329,7 +331,7 @@ def check(out_dir: str, xla_flags: Sequence[str] = (), impl: str = "llar",
     out_dir: folder for ``xla_dump_<impl>/`` and ``trace_<impl>/``
       (created).
     xla_flags: extra XLA flags for the child, each one flag.
-    impl: ``"llar"`` or ``"copy"``.
+    impl: ``"llar"``, ``"copy"`` or ``"loopback"``.
     timeout_s: seconds allowed for the child.
 
   Returns:

@@ -15,6 +15,9 @@
       (signature faults: a call paired with a call of another signature)
   python -m jax_llar.tools.loopback --op add_rms_norm [--shapes 1x4096,8x2048] [...]
       (the fused all-reduce + residual add + RMSNorm: jax_llar.tools.loopback_fused)
+  python -m jax_llar.tools.loopback --op xla [--algorithm two_shot_ll] [...]
+      (through a loopback group's FFI custom call inside jitted programs:
+      jax_llar.tools.loopback_xla)
 
 Needs one CUDA GPU and the CUDA extension. W ranks of one group are
 simulated on that GPU: W scratch regions, W sets of epoch counters, error
@@ -90,6 +93,7 @@ from jax_llar import _ext
 from jax_llar.tools import _cli, _native, host, report
 from jax_llar.tools import loopback_fused as lf
 from jax_llar.tools import loopback_harness as lh
+from jax_llar.tools import loopback_xla as lx
 
 WORLDS = flags.DEFINE_list("worlds", [str(w) for w in lh.DEFAULT_WORLDS],
                            "Simulated world sizes (ranks), 2-16.")
@@ -197,11 +201,14 @@ JOBS = flags.DEFINE_integer("jobs", 1, "Fault modes: child processes (cases) run
                             "of seconds late (benchmarks/NOTES.md).",
                             lower_bound=1, upper_bound=32)
 OP = flags.DEFINE_enum(
-    "op", "all_reduce", ["all_reduce", "add_rms_norm"],
+    "op", "all_reduce", ["all_reduce", "add_rms_norm", "xla"],
     "all_reduce: the one-shot all-reduce (the flags above). add_rms_norm: the fused "
     "all-reduce + residual add + RMSNorm (jax_llar.tools.loopback_fused) over "
     "--worlds, --dtypes, --shapes, --calls (each after a one-shot all-reduce of x), "
-    "--start_epochs, --timeout_ms, --seed, --device; the other flags do not apply.")
+    "--start_epochs, --timeout_ms, --seed, --device; the other flags do not apply. "
+    "xla: the cases of --algorithm over --worlds, --dtypes, --sizes through a loopback "
+    "group inside jitted programs of --calls calls (jax_llar.tools.loopback_xla; with "
+    "one_shot_ll also the fused op at --shapes), --timeout_ms, --seed, --device.")
 SHAPES = flags.DEFINE_list(
     "shapes", [f"{r}x{d}" for r, d in lf.DEFAULT_SHAPES],
     "--op add_rms_norm: x's shapes per rank, ROWSxD (rows of d elements).")
@@ -291,6 +298,8 @@ def main() -> int:
     return 1
   if OP.value == "add_rms_norm":
     return main_add_rms_norm(s, shapes)
+  if OP.value == "xla":
+    return main_xla(s, shapes)
   errors = lh.validate(s)
   if SKIP_RANK.value >= 0 and SKIP_CALL.value >= s.calls:
     errors.append("--skip_call must be below --calls")
@@ -348,6 +357,36 @@ def main_add_rms_norm(s: lh.Settings, shapes) -> int:
   result = lf.run(s.worlds, s.dtypes, shapes, s.calls, s.timeout_ms, s.start_epochs,
                   s.seed, s.device)
   path = save(result, JSON.value, OUT.value, TAG.value or "-add_rms_norm")
+  counts = lh.summary(result["rows"])
+  print("cases: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+  print(f"saved {path}")
+  ran = counts.get("pass", 0) + counts.get("fail", 0) + counts.get("error", 0)
+  bad = counts.get("fail", 0) + counts.get("error", 0) + counts.get("not_run", 0)
+  return 1 if bad or not ran else 0
+
+
+def main_xla(s: lh.Settings, shapes) -> int:
+  """--op xla: cases through a loopback group inside jitted programs
+  (jax_llar.tools.loopback_xla)."""
+  errors = [e for e in lh.validate(s) if not e.startswith("start_epochs")]
+  if max(SKIP_RANK.value, EXTRA_CALL_RANK.value, SWAP_SIGNATURE_RANK.value) >= 0:
+    errors.append("--skip_rank, --extra_call_rank and --swap_signature_rank apply to "
+                  "--op all_reduce only")
+  if s.algorithm == "nccl_lla2a_one_shot":
+    errors.append("nccl_lla2a_one_shot needs NCCL's device communicator; a loopback "
+                  "group makes no NCCL call")
+  errors += [e for e in [output_error()] if e]
+  if errors:
+    print("jax_llar.tools.loopback: " + "; ".join(errors))
+    return 1
+  if _native.load() is None:
+    print(f"jax_llar.tools.loopback needs one CUDA GPU and the CUDA extension: "
+          f"{_native.reason()}")
+    return 1
+  print(lx.NOTE, flush=True)
+  result = lx.run(s.algorithm, s.worlds, s.dtypes, s.sizes, shapes, s.calls, s.timeout_ms,
+                  s.seed, s.device)
+  path = save(result, JSON.value, OUT.value, TAG.value or "-xla")
   counts = lh.summary(result["rows"])
   print("cases: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
   print(f"saved {path}")

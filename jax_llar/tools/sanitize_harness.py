@@ -87,12 +87,16 @@ class Unit:
       (``jax_llar.tools.programs.loopback_fault``) runs under the sanitizer
       itself, and its report is checked with ``loopback_harness.fault_problems``.
     tools: the tools this unit runs under (empty: every tool asked for).
+    kernels: where not empty, only kernels whose names contain it are
+      checked (``--kernel-name kns=...``): a unit that runs XLA checks
+      jax_llar's kernels, not XLA's own.
   """
   name: str
   args: tuple[str, ...] = ()
   fault: bool = False
   spec: str = ""  # JSON, so that the unit stays hashable and printable
   tools: tuple[str, ...] = ()
+  kernels: str = ""
 
 
 def _all_reduce(name: str, algorithm: str, worlds: str, dtypes: str, sizes: str,
@@ -118,6 +122,15 @@ def _fault(name: str, algorithm: str, world: int, fault: str,
 
 
 ALL = "float32,bfloat16,float16,int32"
+
+# The loopback group behind its FFI custom calls, inside XLA (loopback_xla):
+# one-shot LL chains at 2 and 4 ranks, and the fused op at W = 2 and 4; only
+# jax_llar's kernels (every name holds "Shot") are checked.
+XLA_UNIT = Unit("xla.loopback_group", ("--op=xla", "--algorithm=one_shot_ll", "--worlds=2,4",
+                                       "--dtypes=float32,bfloat16", "--sizes=4,520,32776",
+                                       "--shapes=1x64,2x2048", "--calls=3",
+                                       f"--timeout_ms={CLEAN_TIMEOUT_MS}"),
+                kernels="Shot")
 FLOATS = "float32,bfloat16,float16"
 
 # Sizes (bytes per rank) at the edges of each grid rule (kernels.h): one
@@ -156,6 +169,8 @@ FULL = (
     Unit("add_rms_norm", ("--op=add_rms_norm", "--worlds=2,3,4,8", f"--dtypes={FLOATS}",
                           "--shapes=1x64,2x64,32x64,1x640,1x2048,2x2048,8x2048,3x5120,"
                           "32x2048,1x16384", "--calls=3", f"--timeout_ms={CLEAN_TIMEOUT_MS}")),
+    # The loopback group's FFI targets inside jitted programs (the fused op's too).
+    XLA_UNIT,
     # Fault units run one at a time, after the clean ones (`run`).
     _fault("fault.skip.one_shot_ll", "one_shot_ll", 3, "skip"),
     _fault("fault.extra_call.two_shot_ll", "two_shot_ll", 2, "extra_call"),
@@ -288,7 +303,10 @@ def command(sanitizer: str, tool: str, unit: Unit, json_path: str) -> list[str]:
   """The sanitized run of `unit`: the loopback tool (its children followed),
   or for a fault unit the fault child itself."""
   head = [sanitizer, f"--tool={tool}", "--target-processes=all", "--launch-timeout=300",
-          "--print-limit=20", sys.executable, "-m"]
+          "--print-limit=20"]
+  if unit.kernels:
+    head += ["--kernel-name", f"kns={unit.kernels}"]
+  head += [sys.executable, "-m"]
   if unit.fault:
     return head + [lh.CHILD, unit.spec]
   return head + ["jax_llar.tools.loopback", f"--json={json_path}", *unit.args]
@@ -330,7 +348,7 @@ def run_unit(sanitizer: str, tool: str, unit: Unit, work: str, timeout_s: float)
   env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", lh.MAX_CONNECTIONS)
   row = {"tool": tool, "unit": unit.name, "fault": unit.fault,
-         "command": " ".join(cmd[1:5] + ["python"] + cmd[6:])}
+         "command": " ".join("python" if c == sys.executable else c for c in cmd[1:])}
   t0 = time.monotonic()
   try:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)

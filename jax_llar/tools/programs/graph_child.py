@@ -5,7 +5,10 @@
 IMPL is ``llar`` (jax_llar.psum) or ``copy`` (the copy custom call). Builds a
 jitted shard_map chain of 64 steps ``x = op(x) * (axis_index + 1) * 0.25``
 over all devices on float32 (1024 elements per rank), runs it three times,
-then five more times under ``jax.profiler.trace(TRACE_DIR)``. XLA's dump
+then five more times under ``jax.profiler.trace(TRACE_DIR)``. IMPL
+``loopback`` runs the same chain on the first device alone, the all-reduce
+a loopback group's (2 simulated ranks, x of shape (2, 1024), row r scaled by
+r + 1). XLA's dump
 goes wherever ``XLA_FLAGS`` says (the parent sets ``--xla_dump_to``).
 
 Prints one JSON line: ``{"impl", "devices", "platform", "decisions" (impl
@@ -22,7 +25,7 @@ import sys
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) != 3 or argv[2] not in ("llar", "copy"):
+  if len(argv) != 3 or argv[2] not in ("llar", "copy", "loopback"):
     print(__doc__, file=sys.stderr)
     return 2
   trace_dir, impl = argv[1], argv[2]
@@ -35,6 +38,8 @@ def main(argv: list[str]) -> int:
   import jax_llar
   from jax_llar.tools import copy as copy_call
 
+  if impl == "loopback":
+    return _loopback(trace_dir)
   mesh = Mesh(np.array(jax.devices()), ("x",))
   if mesh.size < 2:  # one rank: jax_llar leaves the psum to lax.psum, no custom call
     print(json.dumps({"impl": impl, "devices": mesh.size,
@@ -67,6 +72,37 @@ def main(argv: list[str]) -> int:
                     "decisions": [d.impl for d in decisions],
                     "fast": any(d.fast for d in decisions),
                     "trace_error": trace_error}))
+  return 0
+
+
+def _loopback(trace_dir: str) -> int:
+  """The chain on one device through a loopback group of 2 ranks."""
+  import jax
+  import jax.numpy as jnp
+  from jax_llar.tools.loopback_group import LoopbackGroup
+
+  device = jax.devices()[0]
+  with LoopbackGroup(2, device=device) as g:
+    def body(x):
+      f = jnp.arange(1, 3, dtype=x.dtype)[:, None]
+      for _ in range(64):
+        x = g.psum(x) * f * 0.25
+      return x
+    fn = jax.jit(body)
+    x = jax.device_put(jnp.ones((2, 1024), jnp.float32), device)
+    for _ in range(3):
+      fn(x).block_until_ready()
+    try:
+      with jax.profiler.trace(trace_dir):
+        for _ in range(5):
+          fn(x).block_until_ready()
+      trace_error = None
+    except Exception as e:  # noqa: BLE001 - the dump is the primary evidence
+      trace_error = f"{type(e).__name__}: {e}"
+    records = [r["code"] for r in g.records()]
+  print(json.dumps({"impl": "loopback", "devices": 1, "platform": device.platform,
+                    "decisions": ["loopback.one_shot_ll"], "fast": True,
+                    "error_codes": records, "trace_error": trace_error}))
   return 0
 
 

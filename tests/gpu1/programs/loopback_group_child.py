@@ -1,0 +1,73 @@
+"""Child program of the loopback-group tests (tests/gpu1/test_loopback_group.py):
+a fresh process, whose first loopback group therefore has id 1.
+
+    python loopback_group_child.py export PATH       # export a program to PATH
+    python loopback_group_child.py run_export PATH   # run the exported program
+    python loopback_group_child.py cache DIR         # compile with the cache in DIR
+
+Each mode makes one group of 2 ranks (one-shot LL and two-shot LL), runs its
+program on seeded random inputs (float32, 4 KiB per rank) and prints one
+JSON line: ``{"mode", "correct" (every row bitwise equal to the rank-order
+sum), "records" (error codes per rank), ...}``; ``cache`` adds ``"hit"``
+(JAX's compiler logged a persistent-cache hit).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import jax
+
+MODE, PATH = sys.argv[1], sys.argv[2]
+if MODE == "cache":
+  jax.config.update("jax_compilation_cache_dir", PATH)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jax import export  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from jax_llar import testing  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jax_llar.tools import loopback_group  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+messages: list[str] = []
+logger = logging.getLogger("jax._src.compiler")
+logger.setLevel(logging.DEBUG)
+logger.addFilter(lambda r: messages.append(r.getMessage()) or True)
+
+W, N = 2, 1024
+rng = np.random.default_rng(7)
+x = np.stack([testing.random_array(rng, (N,), np.float32) for _ in range(W)])
+want = testing.rank_order_sum(list(x), np.float32)
+
+
+def program(g):
+  # Two calls (one per algorithm) and an exact scaling between them.
+  return lambda v: g.psum(g.psum(v) * 0.5, algorithm="two_shot_ll")
+
+
+want2 = testing.rank_order_sum([want * np.float32(0.5)] * W, np.float32)
+out: dict = {"mode": MODE}
+with loopback_group.LoopbackGroup(W) as g:
+  out["group_id"] = g.id
+  if MODE == "export":
+    exp = export.export(jax.jit(program(g)), disabled_checks=[
+        export.DisabledSafetyCheck.custom_call(loopback_group.TARGET_ALL_REDUCE)])(
+            jax.ShapeDtypeStruct(x.shape, x.dtype))
+    with open(PATH, "wb") as f:
+      f.write(exp.serialize())
+    y = np.asarray(exp.call(x))
+  elif MODE == "run_export":
+    with open(PATH, "rb") as f:
+      exp = export.deserialize(bytearray(f.read()))
+    y = np.asarray(exp.call(x))
+  elif MODE == "cache":
+    y = np.asarray(jax.jit(program(g))(x))
+    out["hit"] = any("cache hit" in m.lower() for m in messages)
+  else:
+    raise SystemExit(f"unknown mode {MODE}")
+  out["correct"] = all(testing.bitwise_equal(row, want2) for row in y)
+  out["records"] = [r["code"] for r in g.records()]
+print(json.dumps(out), flush=True)
