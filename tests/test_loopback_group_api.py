@@ -16,9 +16,9 @@ from jax_llar.tools import loopback_group
 from jax_llar.tools.loopback_group import LoopbackGroup
 
 
-@pytest.mark.parametrize("world", [0, 1, 9, 2.5, "2"])
-def test_world_outside_two_to_eight_is_refused(world):
-  with pytest.raises(ValueError, match="world must be an integer 2-8"):
+@pytest.mark.parametrize("world", [0, 1, algorithms.MAX_RANKS + 1, 2.5, "2"])
+def test_world_outside_two_to_max_ranks_is_refused(world):
+  with pytest.raises(ValueError, match=f"world must be an integer 2-{algorithms.MAX_RANKS}"):
     LoopbackGroup(world)
 
 
@@ -62,6 +62,28 @@ def test_the_fused_op_lowers_to_its_target_for_cuda():
       a, b, c, group_id=3, eps=1e-5, world=2), x, x, w, platform="cuda")
   assert "jax_llar_loopback_add_rms_norm" in text and "group_id = 3" in text, text
   assert "jax_llar.loopback.one_shot_ll_add_rms_norm.bf16.512B.2ranks" in text, text
+
+
+def test_every_call_of_a_module_gets_a_signature_of_its_own():
+  """Equal calls in one module are lowered one by one (the rule is not
+  cacheable), so each carries its own signature, as the fast path's do."""
+  x = jnp.zeros((2, 64), jnp.float32)
+  def chain(v):
+    for _ in range(3):
+      v = loopback_group._all_reduce_p.bind(v, group_id=1, algorithm=1, world=2)
+    return v
+  text = _lowered(chain, x, platform="cuda")
+  import re  # pylint: disable=g-import-not-at-top
+  sigs = re.findall(r"signature = (\d+)", text)
+  assert len(sigs) == 3 and len(set(sigs)) == 3, sigs
+
+
+def test_concurrent_command_buffer_scheduling_is_refused(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_command_buffer_scheduling_mode=CONCURRENT")
+  g = LoopbackGroup.__new__(LoopbackGroup)  # the check runs before any native call
+  g.world, g.algorithms = 2, (algorithms.Algorithm.ONE_SHOT_LL,)
+  with pytest.raises(ValueError, match="concurrent command-buffer scheduling"):
+    g.psum(jnp.zeros((2, 8), jnp.float32))
 
 
 def test_other_platforms_are_told_it_runs_on_cuda_only():

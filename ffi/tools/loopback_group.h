@@ -23,14 +23,22 @@
 //       on the one-shot LL's region and counters; attrs group_id, eps,
 //       signature.
 // Each call forks the group's rank streams from XLA's stream (an event
-// recorded on it, waited for by every rank stream), launches rank r's
-// kernel on rank r's stream, rank 0 first, and joins them back (an event
-// per rank, waited for by XLA's stream): under stream capture (XLA's
+// recorded on it, waited for by every rank stream), then launches rank r's
+// kernel on rank r's stream, rank 0 first, then joins them back (an event
+// per rank, waited for by XLA's stream): breadth first, so that no kernel
+// waits in a hardware queue behind a join. Under stream capture (XLA's
 // command buffers) the fork and join become graph dependencies and the W
-// kernels parallel nodes. Nothing changes on the host per call; the epochs
-// live in device memory, so a replayed graph pairs calls as a fresh launch
-// does. Calls of one group are serialised by a mutex (the streams and events
-// are the group's); one group lives on one device.
+// kernels parallel nodes; the rank streams stay in that capture until it
+// ends, so a call from another capture (another thread) is refused. Nothing
+// changes on the host per call; the epochs live in device memory, so a
+// replayed graph pairs calls as a fresh launch does. Calls of one group are
+// serialised by a mutex; use a group from one thread; it lives on one device.
+//
+// Concurrency of the W kernels is what CUDA gives streams with hardware
+// queues of their own (CUDA_DEVICE_MAX_CONNECTIONS, read when the context
+// is made; the one-GPU suite sets 32) and a graph's parallel branches; CUDA
+// promises neither. Kernels that do not run together end in the bounded
+// wait's report and trap, never hang.
 //
 // Co-residency: a block of one rank waits for the same block of every other
 // rank, so all W grids must be resident at once. The Python side
@@ -86,8 +94,9 @@ struct LoopbackGroupInfo {
 LoopbackGroupInfo LoopbackGroupInfoOf(int64_t id);
 
 // Each rank's error record (host memory, readable after a trap) and each
-// rank's kStateWords state words (a device copy; throws std::runtime_error
-// when the copy fails, e.g. after a trap).
+// rank's kStateWords state words (a device copy after a bounded wait for the
+// rank streams, not for XLA's stream: block on a program's results first;
+// throws std::runtime_error when the copy fails, e.g. after a trap).
 std::vector<ErrorRecord> LoopbackGroupRecords(int64_t id);
 std::vector<std::vector<uint64_t>> LoopbackGroupState(int64_t id);
 

@@ -54,25 +54,57 @@ ffi::Error Resolve(int64_t id, int32_t ordinal, int64_t signature,
   return ffi::Error::Success();
 }
 
-// Forks every rank's stream from `stream`, runs launch(rank, rank_stream),
-// rank 0 first, and joins each launched rank's stream back into `stream`
-// (also after a failed launch: a stream capture must end with every forked
-// stream joined). Returns the first error. The caller holds g.mu.
+// Where `stream` and the group's rank streams stand in stream capture: the
+// rank streams may be capturing only into the capture `stream` is in (the
+// calls of one captured program share them); another capture holding them
+// (a program being captured in another thread) is refused, since its
+// launches would land in the wrong graph. cudaSuccess, or the error.
+cudaError_t CheckCapture(const LoopbackGroup& g, cudaStream_t stream, std::string* why) {
+  cudaStreamCaptureStatus status;
+  unsigned long long id = 0;
+  cudaError_t e = cudaStreamGetCaptureInfo(stream, &status, &id);
+  if (e != cudaSuccess) return e;
+  const unsigned long long ours = status == cudaStreamCaptureStatusActive ? id : 0;
+  for (const LoopbackRank& r : g.ranks) {
+    cudaStreamCaptureStatus rs;
+    unsigned long long rid = 0;
+    e = cudaStreamGetCaptureInfo(r.stream, &rs, &rid);
+    if (e != cudaSuccess) return e;
+    if (rs != cudaStreamCaptureStatusNone && (rs != cudaStreamCaptureStatusActive || rid != ours)) {
+      *why = "the group's rank streams are held by another stream capture (a program of "
+             "this group being captured in another thread): use a group from one thread";
+      return cudaErrorStreamCaptureIsolation;
+    }
+  }
+  return cudaSuccess;
+}
+
+// Forks every rank's stream from `stream`, then runs launch(rank,
+// rank_stream) for every rank, rank 0 first, then joins every rank's stream
+// back into `stream`: breadth first, so that no rank's kernel is queued
+// behind a join that waits for an earlier rank (a rank's kernel spins until
+// every rank's has run). The joins are made also after a failed launch (a
+// stream capture must end with every forked stream joined). Returns the
+// first error. The caller holds g.mu.
 template <typename LaunchRank>
 cudaError_t ForkLaunchJoin(LoopbackGroup& g, cudaStream_t stream, LaunchRank&& launch) {
+  (void)cudaGetLastError();  // an earlier call's error is not this launch's
   cudaError_t first = cudaEventRecord(g.fork, stream);
   if (first != cudaSuccess) return first;
-  for (int r = 0; r < g.world; ++r) {
-    LoopbackRank& rank = g.ranks[r];
-    const cudaError_t forked = cudaStreamWaitEvent(rank.stream, g.fork, 0);
-    if (forked != cudaSuccess) return forked;  // rank r is not part of the capture
-    const cudaError_t launched = launch(r, rank.stream);
-    cudaError_t joined = cudaEventRecord(rank.done, rank.stream);
-    if (joined == cudaSuccess) joined = cudaStreamWaitEvent(stream, rank.done, 0);
-    if (first == cudaSuccess) first = launched != cudaSuccess ? launched : joined;
-    // The ranks launched so far wait for the rest in vain and end in the
-    // bounded wait's report: launch no more.
-    if (launched != cudaSuccess || joined != cudaSuccess) break;
+  int forked = 0;
+  for (; forked < g.world && first == cudaSuccess; ++forked) {
+    first = cudaStreamWaitEvent(g.ranks[forked].stream, g.fork, 0);
+  }
+  if (first != cudaSuccess) --forked;  // that rank's stream did not join
+  // A failed launch leaves the ranks launched before it waiting in vain
+  // (they end in the bounded wait's report): launch no more.
+  for (int r = 0; r < forked && first == cudaSuccess; ++r) {
+    first = launch(r, g.ranks[r].stream);
+  }
+  for (int r = 0; r < forked; ++r) {
+    cudaError_t joined = cudaEventRecord(g.ranks[r].done, g.ranks[r].stream);
+    if (joined == cudaSuccess) joined = cudaStreamWaitEvent(stream, g.ranks[r].done, 0);
+    if (first == cudaSuccess) first = joined;
   }
   return first;
 }
@@ -108,6 +140,10 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer
   char* in = static_cast<char*>(x.untyped_data());
   char* out = static_cast<char*>(y->untyped_data());
   std::lock_guard<std::mutex> lock(g->mu);
+  std::string why;
+  if (const cudaError_t c = CheckCapture(*g, stream, &why); c != cudaSuccess) {
+    return why.empty() ? Failed("cudaStreamGetCaptureInfo", c) : Invalid(why);
+  }
   const cudaError_t e = ForkLaunchJoin(*g, stream, [&](int r, cudaStream_t s) {
     AllReduceArgs a = g->args[algorithm][r];
     a.in = in + r * per_rank;
@@ -174,6 +210,10 @@ ffi::Error AddRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffe
   char* ns = static_cast<char*>(normed->untyped_data());
   char* nr = static_cast<char*>(new_residual->untyped_data());
   std::lock_guard<std::mutex> lock(g->mu);
+  std::string why;
+  if (const cudaError_t c = CheckCapture(*g, stream, &why); c != cudaSuccess) {
+    return why.empty() ? Failed("cudaStreamGetCaptureInfo", c) : Invalid(why);
+  }
   const cudaError_t e = ForkLaunchJoin(*g, stream, [&](int r, cudaStream_t s) {
     AddRmsNormArgs a{};
     a.all_reduce = g->args[kExchange][r];

@@ -46,7 +46,7 @@ from jax._src.interpreters import mlir
 from jax._src import dispatch as jax_dispatch
 from jax._src.lib.mlir import ir
 
-from jax_llar import algorithms, signature
+from jax_llar import algorithms, inputs, signature
 from jax_llar.tools import _native
 
 TARGET_ALL_REDUCE = "jax_llar_loopback_all_reduce"
@@ -57,6 +57,7 @@ TARGET_ADD_RMS_NORM = "jax_llar_loopback_add_rms_norm"
 ALGORITHMS = tuple(a for a in algorithms.Algorithm
                    if a is not algorithms.Algorithm.NCCL_LLA2A_ONE_SHOT)
 
+_MAX_RANKS = algorithms.MAX_RANKS
 _DTYPE_SHORT = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "int32": "s32"}
 _SERVED = tuple(np.dtype(d) for d in ("float32", "bfloat16", "float16", "int32"))
 
@@ -71,7 +72,7 @@ class LoopbackGroup:
   """W simulated ranks of one process on one CUDA device.
 
   Args:
-    world: number of ranks, 2-8.
+    world: number of ranks, 2 to `jax_llar.algorithms.MAX_RANKS`.
     algorithms: the all-reduce algorithms whose regions the group holds
       (names such as ``"one_shot_ll"`` or `jax_llar.algorithms.Algorithm`
       values); the fused op needs ``one_shot_ll``. Default: one-shot LL and
@@ -79,14 +80,16 @@ class LoopbackGroup:
     timeout_ms: the kernels' bounded wait for a peer (milliseconds).
     device: the CUDA device (default: ``jax.devices("cuda")[0]``).
 
-  Outside XLA's command buffers every rank's stream needs a hardware queue of
-  its own, or one rank's kernel can wait behind another's until the bounded
-  wait fails: set ``CUDA_DEVICE_MAX_CONNECTIONS`` to at least ``world + 1``
-  before CUDA starts (the one-GPU suite and ``python -m
-  jax_llar.tools.loopback`` set 32).
+  The W kernels of a call must run at once (each spins until the others
+  have stored): CUDA gives that to streams with hardware queues of their own
+  and to a graph's parallel branches, without promising it. Set
+  ``CUDA_DEVICE_MAX_CONNECTIONS=32`` before CUDA starts (the one-GPU suite
+  and ``python -m jax_llar.tools.loopback`` do); kernels that do not run
+  together end in the bounded wait's report and a trap, never a hang. Use a
+  group from one thread.
 
   Raises:
-    ValueError: a bad argument (world outside 2-8, an unknown algorithm or
+    ValueError: a bad argument (world outside 2-MAX_RANKS, an unknown algorithm or
       one that needs NCCL's device communicator, a timeout not above zero
       or above ten minutes).
     RuntimeError: no CUDA device, the native tools module unavailable (the
@@ -95,8 +98,8 @@ class LoopbackGroup:
 
   def __init__(self, world: int, algorithms: Iterable = ("one_shot_ll", "two_shot_ll"),
                timeout_ms: float = 2000.0, device=None):
-    if not isinstance(world, (int, np.integer)) or not 2 <= world <= 8:
-      raise ValueError(f"world must be an integer 2-8, not {world!r}")
+    if not isinstance(world, (int, np.integer)) or not 2 <= world <= _MAX_RANKS:
+      raise ValueError(f"world must be an integer 2-{_MAX_RANKS}, not {world!r}")
     algs = tuple(dict.fromkeys(_algorithm(a) for a in algorithms))
     for a in algs:
       if a not in ALGORITHMS:
@@ -112,12 +115,15 @@ class LoopbackGroup:
     if device.platform != "gpu" and getattr(device, "platform", "") != "cuda":
       raise RuntimeError(f"a loopback group needs a CUDA device, not {device}")
     self._mod = _native.require("a loopback group")
+    # The CUDA ordinal (as jax_llar.comm finds it), not JAX's device id.
+    hw = getattr(device, "local_hardware_id", None)
+    self._ordinal = int(device.id if hw is None else hw)
     self.world = int(world)
     self.algorithms = algs
     self.device = device
     self.timeout_ms = float(timeout_ms)
     self.id = int(self._mod.create_loopback_group(
-        self.world, [int(a) for a in algs], self.timeout_ms, device.id))
+        self.world, [int(a) for a in algs], self.timeout_ms, self._ordinal))
     self._closed = False
 
   # -- the calls --------------------------------------------------------------
@@ -136,13 +142,15 @@ class LoopbackGroup:
 
     Raises:
       ValueError: a shape, dtype or algorithm the group does not serve, a
-        payload per rank above the algorithm's limit (bytes), or one whose W
-        grids cannot be resident on the device at once (with the reason).
+        payload per rank above the algorithm's limit (bytes), one whose W
+        grids cannot be resident on the device at once (with the reason), or
+        XLA_FLAGS asking for concurrent command-buffer scheduling.
     """
     a = _algorithm(algorithm)
     if a not in self.algorithms:
       raise ValueError(f"the group holds no {a.short_name} region (it holds "
                        f"{[b.short_name for b in self.algorithms]})")
+    self._check_scheduling()
     x = jax.numpy.asarray(x)
     self._check_rows(x.shape)
     dt = np.dtype(x.dtype)
@@ -185,6 +193,7 @@ class LoopbackGroup:
     if algorithms.Algorithm.ONE_SHOT_LL not in self.algorithms:
       raise ValueError("the fused op runs on the one_shot_ll region, which this group "
                        "does not hold")
+    self._check_scheduling()
     x, residual, weight = (jax.numpy.asarray(v) for v in (x, residual, weight))
     self._check_rows(x.shape)
     if x.ndim < 2 or residual.shape != x.shape or residual.dtype != x.dtype:
@@ -201,7 +210,7 @@ class LoopbackGroup:
       codes = self._mod.DTYPE_CODES
       plan = self._mod.loopback_add_rms_norm_plan(
           self.world, codes[str(np.dtype(x.dtype))], codes[str(np.dtype(weight.dtype))],
-          rows, int(x.shape[-1]), self.device.id)
+          rows, int(x.shape[-1]), self._ordinal)
       if not plan["co_resident"]:
         raise ValueError(
             f"the {self.world} ranks' {plan['clusters']} clusters of "
@@ -220,8 +229,9 @@ class LoopbackGroup:
   def epochs(self, algorithm="one_shot_ll") -> np.ndarray:
     """Each rank's epoch counters of `algorithm`'s set, uint64 of shape
     (world, blocks, warps) (the extension's kMaxBlocks x kMaxWarps), after a
-    bounded wait for the group's streams: every warp of a call's grid
-    advances its counter once per call, the others stay.
+    bounded wait for the group's rank streams (not for XLA's: block on the
+    programs' results first): every warp of a call's grid advances its
+    counter once per call, the others stay.
 
     Raises:
       RuntimeError: the group's kernels failed or did not finish in time.
@@ -231,7 +241,8 @@ class LoopbackGroup:
     return counters.reshape((self.world,) + tuple(self._mod.EPOCH_SHAPE))
 
   def close(self) -> None:
-    """Withdraws the group, then waits (bounded) for its kernels. Programs
+    """Withdraws the group, then waits (bounded) for its rank streams (block
+    on the programs' results first). Programs
     traced or run eagerly afterwards fail with "no loopback group"; its
     device memory stays for the life of the process, since a command buffer
     that XLA captured earlier holds its addresses. Idempotent.
@@ -254,6 +265,14 @@ class LoopbackGroup:
             f"{[a.short_name for a in self.algorithms]}, device={self.device})")
 
   # -- checks ----------------------------------------------------------------
+  @staticmethod
+  def _check_scheduling() -> None:
+    if inputs.concurrent_scheduling():
+      raise ValueError(
+          "XLA_FLAGS asks for concurrent command-buffer scheduling, under which two "
+          "independent calls of a group could run at once on its shared regions and "
+          "epoch counters (jax_llar's fast path refuses it for the same reason)")
+
   def _check_rows(self, shape) -> None:
     if len(shape) < 1 or shape[0] != self.world:
       raise ValueError(f"the operand's leading dimension must be the group's {self.world} "
@@ -261,7 +280,7 @@ class LoopbackGroup:
 
   def _check_plan(self, a: algorithms.Algorithm, per_rank: int, dt: np.dtype) -> None:
     plan = self._mod.loopback_plan(self.world, per_rank, self._mod.DTYPE_CODES[str(dt)],
-                                   algorithm=int(a), ordinal=self.device.id)
+                                   algorithm=int(a), ordinal=self._ordinal)
     if not plan["co_resident"]:
       raise ValueError(
           f"{a.short_name} at {per_rank} bytes per rank: the {self.world} ranks' grids "
@@ -314,7 +333,10 @@ def _not_on_this_platform(ctx, *args, **params):
       f"this lowering is for {', '.join(ctx.module_context.platforms)}")
 
 
+# Not cacheable: JAX would otherwise lower equal equations of a module once,
+# and every such call would carry the first one's signature (the production
+# rule is registered the same way, jax_llar.lowering).
 for _p, _rule in ((_all_reduce_p, _all_reduce_lowering),
                   (_add_rms_norm_p, _add_rms_norm_lowering)):
-  mlir.register_lowering(_p, _not_on_this_platform)
-  mlir.register_lowering(_p, _rule, platform="cuda")
+  mlir.register_lowering(_p, _not_on_this_platform, cacheable=False)
+  mlir.register_lowering(_p, _rule, platform="cuda", cacheable=False)

@@ -121,8 +121,10 @@ def test_executables_of_different_sizes_and_algorithms_share_a_group(group):
 @pytest.mark.parametrize("world,algorithm", CASES, ids=IDS)
 def test_strided_transposed_and_sliced_operands(group, world, algorithm):
   """Operands that are not a row-major block of their own inside the jitted
-  program: every other column, a transpose, a slice at an odd offset
-  (element 3: its rows start 12 bytes off any alignment), bfloat16 too."""
+  program (every other column, a transpose, a slice at an odd offset, a
+  slice of a reshape), which XLA must hand the call as row-major copies; and
+  rows of 3 and 5 elements, whose odd ranks' rows start 12 or 10 bytes into
+  the buffer (the kernels' misaligned path); float32 and bfloat16."""
   g = group[world]
   rng = np.random.default_rng(11)
   for dtype in (np.float32, ml_dtypes.bfloat16):
@@ -135,6 +137,9 @@ def test_strided_transposed_and_sliced_operands(group, world, algorithm):
         (lambda a: g.psum(a.reshape(world, 4, -1)[:, 1:3], algorithm), big,
          big.reshape(world, 4, -1)[:, 1:3]),
     ]
+    for n in (3, 5):
+      small = inputs(rng, world, n, dtype)
+      cases.append((lambda a: g.psum(a, algorithm), small, small))
     for fn, arg, operand in cases:
       assert_rows(jax.jit(fn)(arg), reduced(np.ascontiguousarray(operand)))
   assert_clean(g)
@@ -196,34 +201,52 @@ def test_persistent_compilation_cache_across_two_processes(tmp_path):
 
 
 def test_fused_op(group):
-  """The fused all-reduce + add + RMSNorm behind its loopback target at W=2,
-  replayed 50 times: new_residual bitwise and normed within
-  loopback_fused.NORMED_MAX_ULP of the host emulation of
-  jax_llar.fused.reference (loopback_fused.emulate, as the harness checks
-  it), every rank's outputs identical; also in a scan body."""
+  """The fused all-reduce + add + RMSNorm behind its loopback target at W=2:
+  a program of 3 fused calls, each call's residual the previous call's
+  new_residual (a chain XLA puts in a command buffer), replayed 50 times,
+  and the same chain as a scan whose carry is the residual: every call's
+  new_residual bitwise and normed within loopback_fused.NORMED_MAX_ULP of
+  the host emulation of jax_llar.fused.reference (loopback_fused.emulate, as
+  the harness checks it), every rank's outputs identical."""
   g = group[2]
   rng = np.random.default_rng(13)
-  rows, d, bf16 = 4, 2048, np.dtype(ml_dtypes.bfloat16)
-  x = rng.standard_normal((2, rows, d)).astype(np.float32).astype(bf16)
+  rows, d, bf16, calls = 4, 2048, np.dtype(ml_dtypes.bfloat16), 3
+  xs = [rng.standard_normal((2, rows, d)).astype(np.float32).astype(bf16)
+        for _ in range(calls)]
   residual = rng.standard_normal((rows, d)).astype(np.float32).astype(bf16)
   weight = (1 + 0.1 * rng.standard_normal((d,))).astype(np.float32).astype(bf16)
-  want_normed, want_residual = loopback_fused.emulate(list(x), residual, weight, 1e-6, bf16)
+  wants, r = [], residual
+  for x in xs:
+    normed, r = loopback_fused.emulate(list(x), r, weight, 1e-6, bf16)
+    wants.append((normed, r))
+
+  def chain(xs, res, w):
+    outs = []
+    for x in xs:
+      normed, res = g.add_rms_norm(x, res, w, 1e-6)
+      outs.append((normed, res))
+    return outs
+
+  def scanned(xs, res, w):
+    def step(res, x):
+      normed, res = g.add_rms_norm(x, res, w, 1e-6)
+      return res, (normed, res)
+    return lax.scan(step, res, xs)[1]
+
   both = np.stack([residual, residual])
-  fn = jax.jit(lambda a, b, c: g.add_rms_norm(a, b, c, 1e-6))
-  def scanned(a, b, c):
-    def step(carry, _):
-      return carry, g.add_rms_norm(a, b, c, 1e-6)
-    return lax.scan(step, 0, None, length=3)[1]
-  runs = [fn(x, both, weight) for _ in range(50)]
-  stacked = jax.jit(scanned)(x, both, weight)
-  runs.append(tuple(v[-1] for v in stacked))
-  for normed, new_residual in runs:
-    normed, new_residual = np.asarray(normed), np.asarray(new_residual)
-    for r in range(2):
-      assert testing.bitwise_equal(new_residual[r], want_residual), f"rank {r}"
-      ulp = loopback_fused.ulp_distance(normed[r], want_normed)
-      assert ulp.max() <= loopback_fused.NORMED_MAX_ULP[bf16], (r, ulp.max())
-      assert testing.bitwise_equal(normed[r], normed[0])
+  fn = jax.jit(chain)
+  runs = [fn(xs, both, weight) for _ in range(50)]
+  normed_s, res_s = jax.jit(scanned)(np.stack(xs), both, weight)
+  runs.append([(normed_s[k], res_s[k]) for k in range(calls)])
+  for outs in runs:
+    for k, (normed, new_residual) in enumerate(outs):
+      normed, new_residual = np.asarray(normed), np.asarray(new_residual)
+      want_normed, want_residual = wants[k]
+      for rank in range(2):
+        assert testing.bitwise_equal(new_residual[rank], want_residual), (k, rank)
+        ulp = loopback_fused.ulp_distance(normed[rank], want_normed)
+        assert ulp.max() <= loopback_fused.NORMED_MAX_ULP[bf16], (k, rank, ulp.max())
+        assert testing.bitwise_equal(normed[rank], normed[0])
   assert_clean(g)
 
 
