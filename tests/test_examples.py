@@ -58,7 +58,7 @@ def test_tp_decode_small_on_cpu(tmp_path):
   for b in (1, 2):
     by = {r["impl"]: r for r in rows if r["workload"] == f"small batch {b}"}
     assert set(by) == {"lax.psum", "llar.auto", "llar.fused", "llar.split", "lax.fused",
-                       "none", "floor"}, by.keys()
+                       "none", "ffi.copy", "floor"}, by.keys()
     for r in by.values():
       assert {"impl", "world_size", "dtype", "metric", "value", "tokens_per_s"} <= set(r), r
       assert r["metric"] == "itl_us" and r["value"] > 0 and r["world_size"] == 2
@@ -257,7 +257,21 @@ def test_shard_of_on_cpu(tmp_path):
   assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
   result = json.loads(out.read_text())
   assert result["shard_of"] == 2 and "one TP=2 shard" in result["shard_note"]
-  assert {r["impl"] for r in result["rows"]} == {"none", "floor"}
+  assert {r["impl"] for r in result["rows"]} == {"none", "ffi.copy", "floor"}
+  # ffi.copy (the identity here, a copy kernel on GPUs) gives none's tokens.
+  copies = [r for r in result["rows"] if r["impl"] == "ffi.copy"]
+  assert copies and all(r["tokens_agree"] is True and r["tokens_reference"] == "none"
+                        and r["sites_per_token"] == 2 * 4 + 1 for r in copies), copies
+  floor = next(r for r in result["rows"] if r["impl"] == "floor")
+  assert floor["value"] == floor["floor_read_us"] > 0 and floor["floor_copy_us"] > 0
+  assert floor["floor_with_full_kv_us"] > floor["value"]
+  assert len(result["bandwidth"]["read_gbs_rounds"]) == 3
+  assert result["bandwidth"]["read_gbs"] == max(result["bandwidth"]["read_gbs_rounds"])
+  timed = [r for r in result["rows"] if r["impl"] != "floor"]
+  assert all(isinstance(r["below_floor"], bool) for r in timed), timed
+  assert result["below_floor"] == [f"{r['workload']} {r['impl']} {r['value']:.1f} us"
+                                   for r in timed if r["below_floor"]]
+  assert "ffi.copy/none" in p.stdout and "per all-reduce site" in p.stdout, p.stdout[-2000:]
   for r in result["rows"]:
     assert r["shard_of"] == 2 and r["world_size"] == 1 and "TP=2 shard" in r["workload"]
   assert result["configs"]["small"]["n_heads"] == 4  # 8 heads / 2
@@ -268,7 +282,7 @@ def test_shard_of_on_cpu(tmp_path):
 
 def test_one_gpu_runs_one_shard_unless_told_otherwise():
   """On one GPU with no --tp, --shard_of or --impls the example has nothing
-  to all-reduce: it runs one TP=2 shard's step (none, floor); with two
+  to all-reduce: it runs one TP=2 shard's step (none, ffi.copy, floor); with two
   GPUs, or a flag that says what to run, the settings are the flags'."""
   code = (
       "import sys; sys.path.insert(0, 'examples/tp_decode'); import main\n"
@@ -282,7 +296,7 @@ def test_one_gpu_runs_one_shard_unless_told_otherwise():
                      timeout=300, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert p.returncode == 0, p.stderr[-3000:]
   lines = p.stdout.strip().splitlines()[-4:]
-  assert lines[0] == "True 2 none,floor", lines
+  assert lines[0] == "True 2 none,ffi.copy,floor", lines
   assert lines[1].startswith("False 0 lax.psum"), lines
   assert lines[2].startswith("False 0 lax.psum"), lines
   assert lines[3] == "False 0 none", lines

@@ -33,11 +33,23 @@ all-reduce of each implementation:
   lax.fused           the same step form written with lax.psum and XLA's add
                       and RMSNorm (what psum_add_rms_norm computes where it is
                       not fused): llar.fused's token reference
-  none                the identity in place of the all-reduce: timing only,
-                      its tokens are meaningless
+  none                the identity in place of the all-reduce, behind an
+                      optimisation barrier (a fusion boundary at every site,
+                      as an all-reduce is): timing only, its tokens are
+                      meaningless
+  ffi.copy            the FFI copy custom call (jax_llar.tools.copy) at every
+                      all-reduce site: what a custom-call node costs in this
+                      program, per site, against none (whose tokens it must
+                      reproduce: the copy is an identity too)
   floor               no decoding: the bytes of weights one GPU reads per
-                      token divided by the HBM bandwidth of a large bfloat16
-                      elementwise kernel measured in the same process
+                      token divided by the read bandwidth (bytes read per
+                      second) of a large bfloat16 sum measured in the same
+                      process, the best of several rounds: a lower bound of
+                      the step, since every step reads every weight. The row
+                      keeps the bound at the elementwise kernel's bandwidth
+                      (bytes read + written) as floor_copy_us. A timed row
+                      below its floor is marked below_floor and named in the
+                      summary; on GPUs it makes the exit status 1
 
 The flag baselines run first, one process after the other, before this
 process takes the GPUs' memory; all processes share XLA's autotuning cache
@@ -49,8 +61,9 @@ divided by its token count; a row reports the median and the 90th
 percentile over all chunks of --repeats runs, and tokens/s = batch / median.
 The timed runs of the implementations alternate, in an order that rotates
 from run to run, so that a drift of the machine affects all alike. The
-token ids of lax.psum and jax_llar.psum must be identical: the exit status is
-1 when they differ. The result (level "app", one row per preset, batch and
+token ids of lax.psum and jax_llar.psum (and of none and ffi.copy) must be
+identical: the exit status is 1 when they differ, or on GPUs when a timed row
+is below its floor. The result (level "app", one row per preset, batch and
 implementation, metric itl_us) goes to --json or to --out, in the result-file
 shape of benchmarks/METHOD.md in the repository, with a plot of latency and
 tokens/s against batch size where matplotlib is installed.
@@ -59,7 +72,7 @@ With --shard_of N it measures the per-device work of a TP=N step instead:
 each preset is built at the widths one device holds at TP=N (query and KV
 heads, MLP width and vocabulary divided by N: model.Config.shard) and runs
 on the devices given, the all-reduce being the identity. Only the impls
-none and floor are allowed then; rows and the result carry shard_of, and the
+none, ffi.copy and floor are allowed then; rows and the result carry shard_of, and the
 workload names say "one TP=N shard". It is the way to study the step on a
 machine of one GPU, and what a machine of one GPU runs when no --tp,
 --shard_of or --impls is given (there is nothing to all-reduce on one GPU;
@@ -100,7 +113,11 @@ from hbm import measure_bandwidth
 PRESETS = model_lib.PRESETS
 GPU_PRESETS = ("llama3.2-1b", "llama3-8b")
 CPU_PRESETS = ("small",)
-IMPLS = ("lax.psum", "llar.auto", "llar.fused", "llar.split", "lax.fused", "none", "floor")
+IMPLS = ("lax.psum", "llar.auto", "llar.fused", "llar.split", "lax.fused", "none", "ffi.copy",
+         "floor")
+# The impls that measure without an all-reduce (timing only), allowed with
+# --shard_of.
+NO_ALL_REDUCE = ("none", "ffi.copy", "floor")
 # The impls that run the fused step form (model.Step(norm="fused")).
 FUSED_IMPLS = ("llar.fused", "llar.split", "lax.fused")
 # Impls whose lowering decisions the rows report (jax_llar's dispatch log).
@@ -147,7 +164,7 @@ SHARD_OF = flags.DEFINE_integer(
     "shard_of", 0, "Measure one device's share of a TP=N step: each preset at the "
     "per-device widths of TP=N (heads, KV heads, MLP width and vocabulary divided "
     "by N) on the devices given, the all-reduce being the identity; only with "
-    "--impls none and/or floor (the default then). 0: the full model.",
+    "--impls none, ffi.copy and floor (the default then). 0: the full model.",
     lower_bound=0)
 TP = flags.DEFINE_integer("tp", 0, "Devices to use, the tensor-parallel size (0: all).",
                           lower_bound=0)
@@ -321,7 +338,10 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
   import jax_llar
   cfg = PRESETS[name].shard(s.shard_of) if s.shard_of else PRESETS[name]
   max_len = s.prompt + s.tokens
-  fns = {"lax.psum": lax.psum, "llar.auto": jax_llar.psum, "none": lambda x, axis: x,
+  from jax_llar.tools import copy as copy_call
+  fns = {"lax.psum": lax.psum, "llar.auto": jax_llar.psum,
+         "none": lambda x, axis: lax.optimization_barrier(x),
+         "ffi.copy": lambda x, axis: copy_call.copy(x),
          "llar.fused": jax_llar.psum, "llar.split": jax_llar.psum, "lax.fused": lax.psum}
   add_norms = {"llar.fused": jax_llar.psum_add_rms_norm,
                "llar.split": model_lib.unfused_add_norm(jax_llar.psum),
@@ -372,7 +392,7 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
                  tokens_per_s=b * 1e6 / med, compile_s=d.compile_s,
                  token_hash=_token_hash(toks[0]),
                  deterministic=all(np.array_equal(toks[0], t) for t in toks[1:]),
-                 timing_only=impl == "none")
+                 timing_only=impl in NO_ALL_REDUCE)
       if impl in LLAR_IMPLS:
         # llar.auto against lax.psum, llar.split against lax.fused (bitwise:
         # the exit status depends on them); llar.fused against lax.fused (on
@@ -391,16 +411,26 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
                                           if not x.fast})
       elif impl == "lax.psum":
         row["tokens_agree"] = True
+      elif impl == "ffi.copy" and "none" in runs:
+        # Both are identities: the copy kernel must give none's tokens.
+        row["tokens_agree"] = bool(np.array_equal(runs["none"][0][1], toks[0]))
+        row["tokens_reference"] = "none"
+        row["sites_per_token"] = 2 * cfg.n_layers + 1
       rows.append(row)
       first_ids.setdefault(workload, {})[impl] = toks[0][:, 0].tolist()
     if bw is not None and "floor" in impls:
       wb, kvb = m.weight_bytes_per_device(), m.kv_bytes_per_device()
-      fl = wb / (bw["copy_gbs"] * 1e9) * 1e6
+      fl = wb / (bw["read_gbs"] * 1e9) * 1e6
       rows.append(dict(common, impl="floor", value=fl, tokens_per_s=b * 1e6 / fl,
                        weight_bytes_per_device=wb, kv_bytes_per_device=kvb,
-                       floor_with_kv_us=(wb + kvb) / (bw["copy_gbs"] * 1e9) * 1e6,
-                       floor_read_us=wb / (bw["read_gbs"] * 1e9) * 1e6,
-                       hbm_copy_gbs=bw["copy_gbs"], hbm_read_gbs=bw["read_gbs"]))
+                       floor_read_us=fl,
+                       floor_copy_us=wb / (bw["copy_gbs"] * 1e9) * 1e6,
+                       floor_with_full_kv_us=(wb + kvb) / (bw["read_gbs"] * 1e9) * 1e6,
+                       hbm_copy_gbs=bw["copy_gbs"], hbm_read_gbs=bw["read_gbs"],
+                       floor_basis="weight bytes / read bandwidth (bfloat16 sum), best of "
+                                   f"{bw.get('rounds', 1)} rounds"))
+      for row in rows[len(rows) - len(timed) - 1:-1]:
+        row["below_floor"] = row["value"] < fl
     for row in rows[len(rows) - len(timed) - (bw is not None and "floor" in impls):]:
       _print_row(row)
     progress.step(f"batch {b}")
@@ -415,7 +445,8 @@ def _print_row(r: dict) -> None:
   extra = ""
   if r["impl"] == "floor":
     extra = (f"  ({r['weight_bytes_per_device'] / 2**30:.2f} GiB of weights per device "
-             f"at {r['hbm_copy_gbs']:.0f} GB/s)")
+             f"read at {r['hbm_read_gbs']:.0f} GB/s; at the copy bandwidth "
+             f"{r['floor_copy_us']:.1f} us)")
   else:
     extra = f"  p90 {r['p90_us']:9.1f} us  compile {r.get('compile_s', 0):5.1f} s"
     if r["impl"] in LLAR_IMPLS:
@@ -531,12 +562,15 @@ def run(s: Settings, baseline_rows: list[dict] | None = None,
                          if r["workload"] in ref else None)
   rows += baseline_rows
   agree = all(r.get("tokens_agree") is not False for r in rows
-              if r["impl"] in ("llar.auto", "llar.split"))
+              if r["impl"] in ("llar.auto", "llar.split", "ffi.copy"))
+  below = [f"{r['workload']} {r['impl']} {r['value']:.1f} us" for r in rows
+           if r.get("below_floor")]
   out = {"env": report.environment(), "level": "app", "rows": rows,
          "settings": dataclasses.asdict(s),
          "configs": {p: dataclasses.asdict(PRESETS[p].shard(s.shard_of) if s.shard_of
                                            else PRESETS[p]) for p in s.presets},
          "bandwidth": bw, "token_ids": token_ids, "tokens_agree": agree,
+         "below_floor": below,
          "psum_flag_failures": failures or [],
          "psum_flags_skipped": None if platform == "gpu" or not s.psum_flags else
          "the XLA flags target XLA's GPU all-reduce: skipped without GPUs",
@@ -603,10 +637,23 @@ def print_summary(result: dict) -> None:
       ratios.append(f"lax.fused/llar.fused {xf['value'] / lf['value']:.2f}x")
     if ll and no:
       ratios.append(f"llar.auto/none {ll['value'] / no['value']:.2f}x")
+    cp = v.get("ffi.copy")
+    if cp and no:
+      per_site = (cp["value"] - no["value"]) / cp["sites_per_token"]
+      ratios.append(f"ffi.copy/none {cp['value'] / no['value']:.2f}x ({per_site:+.2f} us "
+                    f"per all-reduce site, {cp['sites_per_token']} sites per token)")
     if no and fl:
       ratios.append(f"none/floor {no['value'] / fl['value']:.2f}x")
     if ratios:
       print("    " + "; ".join(ratios))
+  below = result.get("below_floor") or []
+  if below:
+    print("BELOW THE FLOOR (the floor is not a lower bound, or the timing is wrong): " +
+          "; ".join(below))
+  copies = [r for r in result["rows"] if r["impl"] == "ffi.copy" and "tokens_agree" in r]
+  if copies:
+    print("token ids of ffi.copy and none agree: "
+          f"{all(r['tokens_agree'] for r in copies)}")
   if any(r["impl"] in ("llar.auto", "llar.split") for r in result["rows"]):
     print(f"token ids of lax.psum and llar.auto (and of lax.fused and llar.split) agree: "
           f"{result['tokens_agree']}")
@@ -740,11 +787,11 @@ def settings_from_flags(gpu: bool, n_gpus: int = 0) -> Settings:
                          f"{', '.join(_FLAG_NAMES)}")
   if shard_of:
     if not IMPLS_F.present:
-      impls = tuple(i for i in IMPLS if i in ("none", "floor"))
-    bad = [i for i in impls if i not in ("none", "floor")]
+      impls = NO_ALL_REDUCE
+    bad = [i for i in impls if i not in NO_ALL_REDUCE]
     if bad:
-      raise app.UsageError(f"--shard_of: only the impls none and floor measure one "
-                           f"shard (the all-reduce is the identity); not {', '.join(bad)}")
+      raise app.UsageError(f"--shard_of: only the impls {', '.join(NO_ALL_REDUCE)} measure "
+                           f"one shard (no all-reduce); not {', '.join(bad)}")
     for p in presets:
       try:
         PRESETS[p].shard(shard_of)
@@ -816,7 +863,10 @@ def main() -> int:
       print("matplotlib is not installed: no plot (pip install 'jax_llar[bench]')",
             file=sys.stderr)
   print(f"saved {', '.join(saved)} ({result['elapsed_s']:.0f} s in all)")
-  return 0 if result["tokens_agree"] else 1
+  # A row below its floor fails a GPU run (on CPU the floor is host memory's
+  # and the forced devices share it: reported only).
+  below = bool(result["below_floor"]) and gpu
+  return 0 if result["tokens_agree"] and not below else 1
 
 
 if __name__ == "__main__":
