@@ -204,6 +204,28 @@ def test_compare_forms_on_cpu():
   assert p.stdout.count("TP=2            seed 0 step") == 2, p.stdout
 
 
+def test_swap_marks_on_cpu(tmp_path):
+  """examples/tp_decode/swap_marks.py compiles the one-shard decode step
+  outside and inside swap_psum(): inside, the ops besides the psums carry
+  the mark too; both executables decode the same tokens; it says whether
+  the optimised programs differ (the GPU's answer is the one that counts)."""
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                              if "xla_force_host_platform_device_count" not in f)
+  out = tmp_path / "marks.json"
+  p = subprocess.run([sys.executable, "examples/tp_decode/swap_marks.py", "--tokens=2",
+                      "--calls=2", f"--json={out}"], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=300)
+  assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+  r = json.loads(out.read_text())
+  plain, swap = r["programs"]["plain"], r["programs"]["swap"]
+  assert plain["marked_ops"] == 0 and swap["marked_ops"] > swap["psum_ops"] > 0, r
+  assert r["tokens_agree"] is True
+  assert isinstance(r["marks_change_compile"], bool)
+  assert ("the marks CHANGE" in p.stdout) == r["marks_change_compile"], p.stdout[-1000:]
+
+
 def test_fused_step_form(tp_model):
   """The fused step form (model.Step(norm="fused")) decodes the same tokens
   with jax_llar.psum_add_rms_norm as with the unfused lax code (on CPU the
