@@ -223,7 +223,9 @@ def test_dump_scan_reads_a_real_cpu_dump(tmp_path):
 
 def test_targets_name_the_child_implementations():
   from jax_llar.tools import copy  # pylint: disable=g-import-not-at-top
-  assert capture.TARGETS == {"llar": capture.TARGET, "copy": copy.TARGET_COPY}
+  from jax_llar.tools import loopback_group  # pylint: disable=g-import-not-at-top
+  assert capture.TARGETS == {"llar": capture.TARGET, "copy": copy.TARGET_COPY,
+                             "loopback": loopback_group.TARGET_ALL_REDUCE}
 
 
 def test_verdict_names_its_evidence():
