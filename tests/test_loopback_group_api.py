@@ -31,6 +31,23 @@ def test_algorithms_needing_nccl_are_refused():
     LoopbackGroup(2, algorithms=[])
 
 
+@pytest.mark.parametrize("bad", [None, 3, [None], ["one_shot_ll", 99]])
+def test_algorithms_that_are_not_names_or_ids_are_refused(bad):
+  with pytest.raises(ValueError):
+    LoopbackGroup(2, algorithms=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), 600_001, "1000"])
+def test_timeouts_outside_the_bound_are_refused(bad):
+  with pytest.raises(ValueError, match="timeout_ms"):
+    LoopbackGroup(2, timeout_ms=bad)
+
+
+def test_one_algorithm_may_be_named_alone():
+  with pytest.raises(RuntimeError, match="CUDA device"):  # past the argument checks
+    LoopbackGroup(2, algorithms="two_shot_ll")
+
+
 def test_a_group_needs_a_cuda_device():
   with pytest.raises(RuntimeError, match="CUDA device"):
     LoopbackGroup(2)

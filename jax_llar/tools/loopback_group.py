@@ -47,6 +47,7 @@ from jax._src import dispatch as jax_dispatch
 from jax._src.lib.mlir import ir
 
 from jax_llar import algorithms, inputs, signature
+from jax_llar import algorithms as algorithms_lib
 from jax_llar.tools import _native
 
 TARGET_ALL_REDUCE = "jax_llar_loopback_all_reduce"
@@ -100,7 +101,14 @@ class LoopbackGroup:
                timeout_ms: float = 2000.0, device=None):
     if not isinstance(world, (int, np.integer)) or not 2 <= world <= _MAX_RANKS:
       raise ValueError(f"world must be an integer 2-{_MAX_RANKS}, not {world!r}")
-    algs = tuple(dict.fromkeys(_algorithm(a) for a in algorithms))
+    if isinstance(algorithms, (str, algorithms_lib.Algorithm)):
+      algorithms = (algorithms,)  # one algorithm
+    try:
+      algs = tuple(dict.fromkeys(_algorithm(a) for a in algorithms))
+    except TypeError:
+      raise ValueError(f"algorithms must be algorithm names or ids, not {algorithms!r}") from None
+    if not isinstance(timeout_ms, (int, float)) or not 0 < timeout_ms <= 600_000:
+      raise ValueError(f"timeout_ms must be above 0 and at most ten minutes, not {timeout_ms!r}")
     for a in algs:
       if a not in ALGORITHMS:
         raise ValueError(f"{a.short_name} needs NCCL's device communicator over distinct "
