@@ -31,22 +31,13 @@
 #include "kernels/kernels.h"
 #include "llar/args.h"
 #include "registry.h"
+#include "ffi_operands.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace llar {
 namespace {
-
-bool ToDType(ffi::DataType t, DType* out) {
-  switch (t) {
-    case ffi::DataType::F32: *out = DType::kF32; return true;
-    case ffi::DataType::BF16: *out = DType::kBF16; return true;
-    case ffi::DataType::F16: *out = DType::kF16; return true;
-    case ffi::DataType::S32: *out = DType::kI32; return true;
-    default: return false;
-  }
-}
 
 ffi::Error NoCommunicator(int64_t comm_id, int32_t ordinal) {
   return ffi::Error::InvalidArgument("jax_llar: no communicator " + std::to_string(comm_id) +
@@ -141,16 +132,6 @@ ffi::Error AddRmsNormInstantiate(int64_t comm_id, int64_t comm_key, float eps,
   (void)eps;
   return AllReduceInstantiate(comm_id, comm_key,
                               static_cast<int64_t>(Algorithm::kOneShotLL), signature);
-}
-
-bool SameShape(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
-  const auto da = a.dimensions();
-  const auto db = b.dimensions();
-  if (da.size() != db.size()) return false;
-  for (size_t i = 0; i < da.size(); ++i) {
-    if (da[i] != db[i]) return false;
-  }
-  return a.element_type() == b.element_type();
 }
 
 ffi::Error AddRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,

@@ -413,6 +413,11 @@ char* SimulatedRanks::Alloc(size_t bytes, const char* what) {
 }
 
 cudaError_t SimulatedRanks::Wait(std::chrono::steady_clock::time_point deadline) const {
+  return WaitForStreams(streams, deadline);
+}
+
+cudaError_t WaitForStreams(const std::vector<cudaStream_t>& streams,
+                           std::chrono::steady_clock::time_point deadline) {
   while (true) {
     bool idle = true;
     for (cudaStream_t s : streams) {

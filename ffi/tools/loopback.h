@@ -105,6 +105,13 @@ struct SimulatedRanks {
 // "cudaErrorX: description".
 std::string CudaErrorText(cudaError_t e);
 
+// Polls `streams` (cudaStreamQuery) until all are idle, one fails, or
+// `deadline` passes: cudaSuccess, the first error, or cudaErrorNotReady at
+// the deadline. The bounded host wait of both harnesses and the loopback
+// group.
+cudaError_t WaitForStreams(const std::vector<cudaStream_t>& streams,
+                           std::chrono::steady_clock::time_point deadline);
+
 // The signature the harness gives call `call` (AllReduceArgs::signature):
 // 1 + (seed + call) mod 65535, never 0, and different for consecutive calls
 // (jax_llar.tools.loopback_harness.call_signature is the same rule).

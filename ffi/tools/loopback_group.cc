@@ -12,7 +12,6 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "errors.h"
@@ -69,22 +68,11 @@ void FreeGroup(LoopbackGroup* g) {
   (void)cudaGetLastError();
 }
 
-// Polls the group's streams until all are idle, one fails, or the deadline.
+// The bounded wait for the group's rank streams (loopback.h).
 cudaError_t WaitStreams(const LoopbackGroup& g, std::chrono::steady_clock::time_point deadline) {
-  while (true) {
-    bool idle = true;
-    for (const LoopbackRank& r : g.ranks) {
-      const cudaError_t e = cudaStreamQuery(r.stream);
-      if (e == cudaErrorNotReady) {
-        idle = false;
-      } else if (e != cudaSuccess) {
-        return e;
-      }
-    }
-    if (idle) return cudaSuccess;
-    if (std::chrono::steady_clock::now() > deadline) return cudaErrorNotReady;
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+  std::vector<cudaStream_t> streams;
+  for (const LoopbackRank& r : g.ranks) streams.push_back(r.stream);
+  return WaitForStreams(streams, deadline);
 }
 
 std::shared_ptr<LoopbackGroup> Find(int64_t id) {

@@ -14,22 +14,13 @@
 #include "llar/args.h"
 #include "loopback_group.h"
 #include "loopback_group_internal.h"
+#include "ffi_operands.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace llar {
 namespace {
-
-bool ToDType(ffi::DataType t, DType* out) {
-  switch (t) {
-    case ffi::DataType::F32: *out = DType::kF32; return true;
-    case ffi::DataType::BF16: *out = DType::kBF16; return true;
-    case ffi::DataType::F16: *out = DType::kF16; return true;
-    case ffi::DataType::S32: *out = DType::kI32; return true;
-    default: return false;
-  }
-}
 
 ffi::Error Invalid(const std::string& what) {
   return ffi::Error::InvalidArgument("jax_llar loopback group: " + what);
@@ -154,16 +145,6 @@ ffi::Error AllReduceExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer
   });
   if (e != cudaSuccess) return Failed("kernel launch failed", e);
   return ffi::Error::Success();
-}
-
-bool SameShape(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b) {
-  const auto da = a.dimensions();
-  const auto db = b.dimensions();
-  if (da.size() != db.size() || a.element_type() != b.element_type()) return false;
-  for (size_t i = 0; i < da.size(); ++i) {
-    if (da[i] != db[i]) return false;
-  }
-  return true;
 }
 
 ffi::Error AddRmsNormExecute(cudaStream_t stream, int32_t ordinal, ffi::AnyBuffer x,

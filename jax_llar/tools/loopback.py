@@ -349,14 +349,21 @@ def main_add_rms_norm(s: lh.Settings, shapes) -> int:
   if errors:
     print("jax_llar.tools.loopback: " + "; ".join(errors))
     return 1
+  return _run_mode(lf.NOTE, "-add_rms_norm", lambda: lf.run(
+      s.worlds, s.dtypes, shapes, s.calls, s.timeout_ms, s.start_epochs, s.seed, s.device))
+
+
+def _run_mode(note: str, default_tag: str, run) -> int:
+  """The rest of an --op mode after its flags were checked: the native
+  module, `run()`, the result saved, the cases counted. Exit status 1 when
+  a case failed, erred or did not run, or none ran."""
   if _native.load() is None:
     print(f"jax_llar.tools.loopback needs one CUDA GPU and the CUDA extension: "
           f"{_native.reason()}")
     return 1
-  print(lf.NOTE, flush=True)
-  result = lf.run(s.worlds, s.dtypes, shapes, s.calls, s.timeout_ms, s.start_epochs,
-                  s.seed, s.device)
-  path = save(result, JSON.value, OUT.value, TAG.value or "-add_rms_norm")
+  print(note, flush=True)
+  result = run()
+  path = save(result, JSON.value, OUT.value, TAG.value or default_tag)
   counts = lh.summary(result["rows"])
   print("cases: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
   print(f"saved {path}")
@@ -379,20 +386,9 @@ def main_xla(s: lh.Settings, shapes) -> int:
   if errors:
     print("jax_llar.tools.loopback: " + "; ".join(errors))
     return 1
-  if _native.load() is None:
-    print(f"jax_llar.tools.loopback needs one CUDA GPU and the CUDA extension: "
-          f"{_native.reason()}")
-    return 1
-  print(lx.NOTE, flush=True)
-  result = lx.run(s.algorithm, s.worlds, s.dtypes, s.sizes, shapes, s.calls, s.timeout_ms,
-                  s.seed, s.device)
-  path = save(result, JSON.value, OUT.value, TAG.value or "-xla")
-  counts = lh.summary(result["rows"])
-  print("cases: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
-  print(f"saved {path}")
-  ran = counts.get("pass", 0) + counts.get("fail", 0) + counts.get("error", 0)
-  bad = counts.get("fail", 0) + counts.get("error", 0) + counts.get("not_run", 0)
-  return 1 if bad or not ran else 0
+  return _run_mode(lx.NOTE, "-xla", lambda: lx.run(
+      s.algorithm, s.worlds, s.dtypes, s.sizes, shapes, s.calls, s.timeout_ms, s.seed,
+      s.device))
 
 
 if __name__ == "__main__":

@@ -57,15 +57,7 @@ def main(argv: list[str]) -> int:
   fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
                              check_vma=False))
   x = jax.device_put(jnp.ones(1024 * mesh.size, jnp.float32), NamedSharding(mesh, P("x")))
-  for _ in range(3):
-    fn(x).block_until_ready()
-  try:
-    with jax.profiler.trace(trace_dir):
-      for _ in range(5):
-        fn(x).block_until_ready()
-    trace_error = None
-  except Exception as e:  # noqa: BLE001 - the dump is the primary evidence
-    trace_error = f"{type(e).__name__}: {e}"
+  trace_error = _run_and_profile(fn, x, trace_dir)
   decisions = jax_llar.dispatch_log()
   print(json.dumps({"impl": impl, "devices": mesh.size,
                     "platform": mesh.devices.flat[0].platform,
@@ -73,6 +65,22 @@ def main(argv: list[str]) -> int:
                     "fast": any(d.fast for d in decisions),
                     "trace_error": trace_error}))
   return 0
+
+
+def _run_and_profile(fn, x, trace_dir: str) -> str | None:
+  """Runs fn(x) three times, then five more under jax.profiler.trace;
+  returns None, or why the profiler failed (the dump is the primary
+  evidence)."""
+  import jax
+  for _ in range(3):
+    fn(x).block_until_ready()
+  try:
+    with jax.profiler.trace(trace_dir):
+      for _ in range(5):
+        fn(x).block_until_ready()
+    return None
+  except Exception as e:  # noqa: BLE001 - the dump is the primary evidence
+    return f"{type(e).__name__}: {e}"
 
 
 def _loopback(trace_dir: str) -> int:
@@ -90,15 +98,7 @@ def _loopback(trace_dir: str) -> int:
       return x
     fn = jax.jit(body)
     x = jax.device_put(jnp.ones((2, 1024), jnp.float32), device)
-    for _ in range(3):
-      fn(x).block_until_ready()
-    try:
-      with jax.profiler.trace(trace_dir):
-        for _ in range(5):
-          fn(x).block_until_ready()
-      trace_error = None
-    except Exception as e:  # noqa: BLE001 - the dump is the primary evidence
-      trace_error = f"{type(e).__name__}: {e}"
+    trace_error = _run_and_profile(fn, x, trace_dir)
     records = [r["code"] for r in g.records()]
   print(json.dumps({"impl": "loopback", "devices": 1, "platform": device.platform,
                     "decisions": ["loopback.one_shot_ll"], "fast": True,
