@@ -190,7 +190,7 @@ NON_DETERMINISTIC: frozenset[Algorithm] = frozenset({Algorithm.TWO_SHOT_LL128_AT
 # reduce-scatter adds into an accumulator (no line to check). A mispaired
 # call of an unsigned algorithm can be summed with another call's data, so
 # the tuning tables do not choose them unless told to
-# (``jax_llar.tools.tune_tables.build_tables``, ``allow_unsigned``).
+# (``jax_llar.tools.tune.tables.build_tables``, ``allow_unsigned``).
 SIGNED: frozenset[Algorithm] = frozenset({
     Algorithm.ONE_SHOT_LL, Algorithm.TWO_SHOT_LL, Algorithm.ONE_SHOT_LL128,
     Algorithm.TWO_SHOT_LL128})
@@ -200,7 +200,7 @@ SIGNED: frozenset[Algorithm] = frozenset({
 # eight lanes of a warp store with one instruction reach the reader as one
 # unit (ffi/include/llar/ll128.cuh). The property must be tested on the
 # hardware, over the link the ranks use, before a tuning table may choose
-# them: ``jax_llar.tools.tune_tables.build_tables`` leaves their rows out
+# them: ``jax_llar.tools.tune.tables.build_tables`` leaves their rows out
 # unless given a passing cross-device ``python -m jax_llar.tools.store_atomicity`` record
 # (``validated_by``); forcing them with JAX_LLAR_ALGORITHM is the user's
 # choice (benchmarks/NOTES.md records each store-atomicity run).

@@ -22,14 +22,14 @@ required (a value may be null where the measurement did not record it):
 the command that made the table, the result files it was built from and
 their SHA-256, the commit, date, GPU name and count, jax and NCCL versions of
 the measurement, where the architecture came from, the rule that chose
-(``jax_llar.tools.tune_tables.RULE``), what was measured (sizes, dtypes,
+(``jax_llar.tools.tune.tables.RULE``), what was measured (sizes, dtypes,
 implementations) and a note on what the table cannot know (sizes and
 algorithms not measured). It may also hold ``evidence``: the per-step times
 behind each size's choice. A file that breaks the format raises
 `TuningTableError`, naming the file.
 
 Tables are built from measurements by ``python -m jax_llar.tools.tune``
-(``jax_llar.tools.tune_tables``).
+(``jax_llar.tools.tune.tables``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Helpers for the fused all-reduce + residual add + RMSNorm kernel (not a test
 file itself): its FFI contract, its grid rule, the host emulation of its
-result (jax_llar.tools.loopback_fused, which the one-GPU loopback harness
+result (jax_llar.tools.loopback.fused, which the one-GPU loopback harness
 checks with), and the comparison rule. Pure numpy; used by the CPU contract
 test (test_fused_kernel_contract.py) and the GPU suite
 (gpu/test_fused_kernel.py).
@@ -17,8 +17,8 @@ import ml_dtypes
 import numpy as np
 
 from jax_llar import algorithms, testing
-from jax_llar.tools.loopback_fused import emulate, ulp_distance  # noqa: F401 (re-exported)
-from jax_llar.tools import loopback_fused
+from jax_llar.tools.loopback.fused import emulate, ulp_distance  # noqa: F401 (re-exported)
+from jax_llar.tools.loopback import fused as loopback_fused
 
 TARGET = "jax_llar_all_reduce_add_rms_norm"
 

@@ -81,8 +81,10 @@ def test_every_public_name_of_the_modules_has_an_entry(api_text, module_name):
 
 
 def test_every_command_line_tool_has_an_entry(api_text):
-  tools = sorted(p.stem for p in (ROOT / "jax_llar" / "tools").glob("*.py")
-                 if 'if __name__ == "__main__":' in p.read_text())
+  tools_dir = ROOT / "jax_llar" / "tools"
+  tools = sorted([p.stem for p in tools_dir.glob("*.py")
+                  if 'if __name__ == "__main__":' in p.read_text()] +
+                 [p.parent.name for p in tools_dir.glob("*/__main__.py")])
   assert set(tools) == set(GEN.TOOLS), tools
   for tool in tools:
     assert f"### `python -m jax_llar.tools.{tool}`" in api_text, tool

@@ -126,7 +126,7 @@ def test_emulation_matches_the_reference(dtype, rows, d, weight_f32):
 
 
 def test_loopback_fused_mode_cases_and_shapes():
-  from jax_llar.tools import loopback_fused as lf  # pylint: disable=g-import-not-at-top
+  from jax_llar.tools.loopback import fused as lf  # pylint: disable=g-import-not-at-top
   assert lf.parse_shapes(["1x4096", "8X64"]) == ((1, 4096), (8, 64))
   for bad in ("4096", "1x2x3", "0x64", "ax64"):
     with pytest.raises(ValueError, match="ROWSxD|positive"):

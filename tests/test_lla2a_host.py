@@ -87,7 +87,7 @@ def test_policy_serves_it_forced_up_to_its_limit():
 
 
 def test_kernel_level_measures_it_under_its_nccl_name():
-  from jax_llar.tools import kernel_level  # pylint: disable=g-import-not-at-top
+  from jax_llar.tools.bench import kernel_level as kernel_level  # pylint: disable=g-import-not-at-top
   spec = kernel_level.KERNEL_IMPLS["nccl.lla2a_one_shot"]
   assert spec == kernel_level.KernelImpl("nccl_lla2a_one_shot")
   assert spec.expect == kernel_level.SUM  # bitwise the rank-order sum
@@ -97,7 +97,7 @@ def test_kernel_level_measures_it_under_its_nccl_name():
 
 
 def test_loopback_harness_refuses_it_with_the_reason():
-  from jax_llar.tools import loopback_harness as lh  # pylint: disable=g-import-not-at-top
+  from jax_llar.tools.loopback import harness as lh  # pylint: disable=g-import-not-at-top
   assert "nccl_lla2a_one_shot" not in lh.ALGORITHMS
   errors = lh.validate(lh.Settings(algorithm="nccl_lla2a_one_shot"))
   assert len(errors) == 1 and "NCCL's LL all-to-all session" in errors[0], errors

@@ -1,4 +1,4 @@
-"""The loopback group's Python side without a GPU (jax_llar.tools.loopback_group):
+"""The loopback group's Python side without a GPU (jax_llar.tools.loopback.group):
 bad arguments are refused with the reason before anything native runs, a
 group needs a CUDA device and says so, and the calls lower for CUDA to the
 loopback targets with their attributes and names (the GPU tests, in
@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import pytest
 
 from jax_llar import algorithms
-from jax_llar.tools import loopback_group
-from jax_llar.tools.loopback_group import LoopbackGroup
+from jax_llar.tools.loopback import group as loopback_group
+from jax_llar.tools.loopback.group import LoopbackGroup
 
 
 @pytest.mark.parametrize("world", [0, 1, algorithms.MAX_RANKS + 1, 2.5, "2"])
@@ -122,7 +122,7 @@ def test_the_xla_modes_emulation_is_the_chain_it_checks():
   step between them (floats halved, int32 shifted), every rank the same."""
   import ml_dtypes  # pylint: disable=g-import-not-at-top
   from jax_llar import testing  # pylint: disable=g-import-not-at-top
-  from jax_llar.tools import loopback_xla  # pylint: disable=g-import-not-at-top
+  from jax_llar.tools.loopback import xla as loopback_xla  # pylint: disable=g-import-not-at-top
   np_ = np
   rng = np.random.default_rng(0)
   for dtype in (np_.float32, ml_dtypes.bfloat16, np_.int32):

@@ -18,7 +18,7 @@ import pytest
 
 from jax_llar import algorithms, config, policy
 from jax_llar.algorithms import Algorithm
-from jax_llar.tools import loopback_harness as lh
+from jax_llar.tools.loopback import harness as lh
 
 from test_layout import _constexpr_expressions, _evaluate
 from test_tools_loopback import FakeNative

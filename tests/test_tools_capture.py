@@ -223,7 +223,7 @@ def test_dump_scan_reads_a_real_cpu_dump(tmp_path):
 
 def test_targets_name_the_child_implementations():
   from jax_llar.tools import copy  # pylint: disable=g-import-not-at-top
-  from jax_llar.tools import loopback_group  # pylint: disable=g-import-not-at-top
+  from jax_llar.tools.loopback import group as loopback_group  # pylint: disable=g-import-not-at-top
   assert capture.TARGETS == {"llar": capture.TARGET, "copy": copy.TARGET_COPY,
                              "loopback": loopback_group.TARGET_ALL_REDUCE}
 

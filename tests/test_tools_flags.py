@@ -115,16 +115,31 @@ def _defines_flags(call: ast.AST) -> bool:
           and call.func.attr.startswith("DEFINE_"))
 
 
+def _tool_files() -> list[tuple[str, pathlib.Path]]:
+  """(tool name, file) of every module of jax_llar/tools: a family's
+  command line (``<family>/cli.py``) under the family's name, which is what
+  ``python -m`` runs."""
+  out = [(p.stem, p) for p in sorted(TOOLS_DIR.glob("*.py"))]
+  out += [(p.parent.name, p) for p in sorted(TOOLS_DIR.glob("*/cli.py"))]
+  return out
+
+
+def _module_of(tool: str) -> str:
+  """The module that defines `tool`'s flags."""
+  return (f"jax_llar.tools.{tool}.cli" if (TOOLS_DIR / tool / "cli.py").exists()
+          else f"jax_llar.tools.{tool}")
+
+
 def tool_modules() -> dict[str, pathlib.Path]:
   """{tool name: file} of the modules in jax_llar/tools that define absl
   flags when imported (a flags.DEFINE_* call outside any function)."""
   found = {}
-  for path in sorted(TOOLS_DIR.glob("*.py")):
+  for stem, path in _tool_files():
     tree = ast.parse(path.read_text(), str(path))
     top = [n for n in tree.body if not isinstance(
         n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
     if any(_defines_flags(node) for stmt in top for node in ast.walk(stmt)):
-      found[path.stem] = path
+      found[stem] = path
   return found
 
 
@@ -132,8 +147,12 @@ def flag_free_modules() -> list[str]:
   """jax_llar.tools modules that define no flags (safe to import in the
   server before forking)."""
   tools = tool_modules()
-  return [f"jax_llar.tools.{p.stem}" for p in sorted(TOOLS_DIR.glob("*.py"))
-          if p.stem not in tools and p.stem != "__init__"]
+  top = [f"jax_llar.tools.{p.stem}" for p in sorted(TOOLS_DIR.glob("*.py"))
+         if p.stem not in tools and p.stem != "__init__"]
+  members = [f"jax_llar.tools.{p.parent.name}.{p.stem}"
+             for p in sorted(TOOLS_DIR.glob("*/*.py"))
+             if p.stem not in ("cli", "__init__", "__main__") and p.parent.name != "programs"]
+  return top + members
 
 
 def role(tool: str, name: str) -> str | None:
@@ -221,7 +240,8 @@ def _run_forked(module: str, argv: list[str], out_path: str) -> int:
     os.dup2(fd, 2)
     import runpy
     import traceback
-    spec_path = str(TOOLS_DIR / (module.rsplit(".", 1)[1] + ".py"))
+    spec_path = str(tool_modules().get(module.rsplit(".", 1)[1],
+                                       TOOLS_DIR / (module.rsplit(".", 1)[1] + ".py")))
     sys.argv = [spec_path, *argv]
     try:
       runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -267,7 +287,7 @@ def serve(tool: str, tmp: str) -> dict:
     rc = 0
     try:
       with open(meta_path, "w") as f:
-        json.dump(flag_meta(module), f)
+        json.dump(flag_meta(_module_of(tool)), f)
     except BaseException:  # pylint: disable=broad-except
       import traceback
       traceback.print_exc()

@@ -1,4 +1,4 @@
-"""jax_llar.tools.kernel_level without a GPU: impl names map to the native
+"""jax_llar.tools.bench.kernel_level without a GPU: impl names map to the native
 kernel bench's structured arguments, and outputs are checked against the
 right reference."""
 
@@ -11,8 +11,9 @@ import pytest
 
 from jax_llar import testing
 from jax_llar.algorithms import MAX_BYTES, Algorithm
-from jax_llar.tools import jax_level, kernel_level
-from jax_llar.tools.kernel_level import KERNEL_IMPLS, KernelImpl
+from jax_llar.tools.bench import jax_level as jax_level
+from jax_llar.tools.bench import kernel_level as kernel_level
+from jax_llar.tools.bench.kernel_level import KERNEL_IMPLS, KernelImpl
 
 
 class FakeTools:

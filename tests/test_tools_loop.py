@@ -14,7 +14,8 @@ import pytest
 
 from cpu_helpers import user_env
 from jax_llar import testing
-from jax_llar.tools import jax_level, loop_level
+from jax_llar.tools.bench import jax_level as jax_level
+from jax_llar.tools.bench import loop_level as loop_level
 
 
 

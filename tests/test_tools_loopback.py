@@ -1,4 +1,4 @@
-"""The loopback harness's Python side on CPU (jax_llar.tools.loopback_harness
+"""The loopback harness's Python side on CPU (jax_llar.tools.loopback.harness
 and the command line jax_llar.tools.loopback): settings, cases, the special
 inputs, the bitwise check, a run against a numpy stand-in of the native
 harness, the fault verdict and the bounded fault child. The harness itself
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from jax_llar import testing
-from jax_llar.tools import loopback_harness as lh
+from jax_llar.tools.loopback import harness as lh
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -390,7 +390,7 @@ def test_cli_rejects_bad_arguments_before_any_device():
 
 
 def test_importing_the_tools_loads_no_native_module():
-  code = ("import sys; import jax_llar.tools.loopback_harness, jax_llar.tools.loopback; "
+  code = ("import sys; import jax_llar.tools.loopback.harness, jax_llar.tools.loopback; "
           "print(sorted(m for m in sys.modules if m.endswith('_llar_tools') or "
           "m == 'jax_llar._llar'))")
   p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -399,7 +399,7 @@ def test_importing_the_tools_loads_no_native_module():
 
 
 def test_run_cases_stops_after_a_lost_context_only_in_process(capsys):
-  from jax_llar.tools import loopback_harness as harness  # pylint: disable=g-import-not-at-top
+  from jax_llar.tools.loopback import harness as harness  # pylint: disable=g-import-not-at-top
   lost = {"status": "fail", "cuda_error": "cudaErrorLaunchFailure"}
   ok = {"status": "pass"}
 
@@ -419,7 +419,7 @@ def test_run_cases_runs_children_at_once_and_keeps_case_order(capsys):
   barrier that only the others' arrival lifts), the rows and the printed
   lines keep the case order, and a skipped case stays skipped."""
   import threading  # pylint: disable=g-import-not-at-top
-  from jax_llar.tools import loopback_harness as harness  # pylint: disable=g-import-not-at-top
+  from jax_llar.tools.loopback import harness as harness  # pylint: disable=g-import-not-at-top
   barrier = threading.Barrier(3, timeout=30)
 
   def go(i):

@@ -14,8 +14,8 @@ import subprocess
 import sys
 import textwrap
 
-from jax_llar.tools import loopback_harness as lh
-from jax_llar.tools import sanitize_harness as sanitize
+from jax_llar.tools.loopback import harness as lh
+from jax_llar.tools.sanitize import harness as sanitize
 
 ONE_BLOCK_CLUSTER = textwrap.dedent("""\
     ========= COMPUTE-SANITIZER
@@ -131,9 +131,9 @@ def test_every_unit_is_a_valid_loopback_command():
   code = textwrap.dedent("""\
       import sys
       from absl import flags
-      from jax_llar.tools import loopback
-      from jax_llar.tools import sanitize_harness as sanitize
-      from jax_llar.tools import loopback_harness as lh
+      from jax_llar.tools.loopback import cli as loopback
+      from jax_llar.tools.sanitize import harness as sanitize
+      from jax_llar.tools.loopback import harness as lh
       bad = []
       for u in sanitize.FULL + sanitize.SMALL:
         if u.fault:

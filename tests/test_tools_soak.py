@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from jax_llar.tools import soak_run as soak
+from jax_llar.tools.soak import run as soak
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

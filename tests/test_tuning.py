@@ -28,7 +28,9 @@ import jax_llar
 from jax_llar import dispatch, table_lookup, tuning
 from jax_llar.algorithms import Algorithm
 from jax_llar.config import settings as llar_settings
-from jax_llar.tools import jax_level, tune_tables, tune_plan as tune
+from jax_llar.tools.bench import jax_level as jax_level
+from jax_llar.tools.tune import tables as tune_tables
+from jax_llar.tools.tune import plan as tune
 
 from cpu_helpers import mesh_of, user_env
 
@@ -659,7 +661,7 @@ def _vrow(impl, us, nbytes=64, correct=True, fast=True, algorithm=None):
 
 
 def test_fastest_takes_only_correct_fast_path_rows():
-  from jax_llar.tools.tune_plan import fastest
+  from jax_llar.tools.tune.plan import fastest
   rows = [_vrow("lax.psum", 1.0), _vrow("llar.one_shot_ll", 2.0),
           _vrow("llar.two_shot_ll", 1.5, fast=False),
           _vrow("llar.one_shot_sentinel", 1.2, correct=False),
@@ -677,7 +679,7 @@ def test_fastest_takes_only_correct_fast_path_rows():
     (17.0, False, False, False),  # slower than lax.psum
 ])
 def test_verdicts_apply_issue_11s_three_rules(auto_us, near, slower_ok, fast):
-  from jax_llar.tools.tune_plan import AUTO, verdicts
+  from jax_llar.tools.tune.plan import AUTO, verdicts
   rows = [_vrow("lax.psum", 16.0), _vrow("llar.one_shot_ll", 2.0),
           _vrow(AUTO, auto_us, algorithm="one_shot_ll")]
   (v,) = verdicts(rows)
@@ -688,7 +690,7 @@ def test_verdicts_apply_issue_11s_three_rules(auto_us, near, slower_ok, fast):
 
 
 def test_verdicts_above_1_mib_ask_no_speedup_and_psum_counts_as_a_choice():
-  from jax_llar.tools.tune_plan import AUTO, verdicts
+  from jax_llar.tools.tune.plan import AUTO, verdicts
   big = 16 << 20
   rows = [_vrow("lax.psum", 100.0, nbytes=big), _vrow(AUTO, 103.0, nbytes=big, fast=False)]
   (v,) = verdicts(rows)

@@ -30,7 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_llar
 from jax_llar import jsonfile, table_lookup, tuning
-from jax_llar.tools import tune_tables
+from jax_llar.tools.tune import tables as tune_tables
 from jax_llar.config import settings as llar_settings
 
 from cpu_helpers import mesh_of, user_env

@@ -23,8 +23,9 @@ import pytest
 
 from jax_llar import algorithms, config, policy, testing, tuning
 from jax_llar.algorithms import Algorithm
-from jax_llar.tools import kernel_level, tune_tables
-from jax_llar.tools import loopback_harness as lh
+from jax_llar.tools.bench import kernel_level as kernel_level
+from jax_llar.tools.tune import tables as tune_tables
+from jax_llar.tools.loopback import harness as lh
 
 from cpu_helpers import user_env
 from test_tools_loopback import CODES, FakeNative

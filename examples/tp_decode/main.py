@@ -126,8 +126,8 @@ SWEEP = (1, 2, 4, 8, 16, 32, 64)
 
 
 def _psum_flags() -> dict[str, str]:
-  """Short name -> XLA flag, for the flags of jax_llar.tools.jax_level."""
-  from jax_llar.tools import jax_level
+  """Short name -> XLA flag, for the flags of jax_llar.tools.bench.jax_level."""
+  from jax_llar.tools.bench import jax_level as jax_level
   return {f.lstrip("-").split("=")[0].removeprefix("xla_gpu_"): f
           for f in jax_level.PSUM_FLAGS}
 

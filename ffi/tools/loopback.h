@@ -114,13 +114,13 @@ cudaError_t WaitForStreams(const std::vector<cudaStream_t>& streams,
 
 // The signature the harness gives call `call` (AllReduceArgs::signature):
 // 1 + (seed + call) mod 65535, never 0, and different for consecutive calls
-// (jax_llar.tools.loopback_harness.call_signature is the same rule).
+// (jax_llar.tools.loopback.harness.call_signature is the same rule).
 constexpr uint32_t LoopbackSignature(uint32_t seed, int call) {
   return 1u + static_cast<uint32_t>((uint64_t(seed) + uint64_t(call)) % 65535u);
 }
 
 // A nonzero signature other than the nonzero `signature`: the fault modes'
-// (jax_llar.tools.loopback_harness.other_signature).
+// (jax_llar.tools.loopback.harness.other_signature).
 constexpr uint32_t OtherSignature(uint32_t signature) {
   return 1u + (signature - 1u + 32768u) % 65535u;
 }

@@ -24,7 +24,7 @@
 // run refuses a case that does not fit. Host waits are bounded as in
 // loopback.h (twice the kernel timeout plus kHostMarginNs).
 //
-// Python side: jax_llar.tools.loopback_fused (inputs, checks against the
+// Python side: jax_llar.tools.loopback.fused (inputs, checks against the
 // host emulation of the reference); command line: python -m
 // jax_llar.tools.loopback --op add_rms_norm.
 #ifndef LLAR_TOOLS_LOOPBACK_ADD_RMS_NORM_H_

@@ -42,7 +42,7 @@
 //
 // Co-residency: a block of one rank waits for the same block of every other
 // rank, so all W grids must be resident at once. The Python side
-// (jax_llar.tools.loopback_group) checks each call's plan
+// (jax_llar.tools.loopback.group) checks each call's plan
 // (PlanLoopback / PlanFusedLoopback) when it is traced and refuses a size
 // whose grids do not fit, with the reason; the handlers themselves only
 // check shapes, dtypes and limits. A call that runs anyway and waits in

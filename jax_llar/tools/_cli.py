@@ -108,10 +108,13 @@ def prepare() -> None:
 
 def program_name(main: Callable) -> str:
   """``jax_llar.tools.<tool>`` of the module that defines `main` (also when
-  run as ``python -m``, where that module is ``__main__``)."""
+  run as ``python -m``, where that module is ``__main__``); a family's
+  command line (``jax_llar.tools.<family>.cli``) is named by its family, as
+  ``python -m jax_llar.tools.<family>`` runs it."""
   module = sys.modules.get(getattr(main, "__module__", ""), None)
   spec = getattr(module, "__spec__", None)
-  return getattr(spec, "name", None) or getattr(main, "__module__", "jax_llar.tools")
+  name = getattr(spec, "name", None) or getattr(main, "__module__", "jax_llar.tools")
+  return name.removesuffix(".cli").removesuffix(".__main__")
 
 
 def run(main: Callable[..., int | None], *, positional: bool = False) -> None:

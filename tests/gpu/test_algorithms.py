@@ -235,7 +235,7 @@ def test_equals_the_one_shot_ll_bit_for_bit(mesh, a, dtype, monkeypatch):
   `a` and the one-shot LL are each bitwise the reference with every NaN
   canonical, and give the same bits, NaN bits included."""
   rng = np.random.default_rng(a.nan_patterns_seed)
-  from jax_llar.tools import loopback_harness as lh  # pylint: disable=g-import-not-at-top
+  from jax_llar.tools.loopback import harness as lh  # pylint: disable=g-import-not-at-top
   per_line = 16 // dtype.itemsize  # nan_pattern_lines' 16-byte rows
   lines = lh.nan_pattern_lines(rng, mesh.size, dtype)
   n = min(lines.shape[0] * per_line + 5, a.limit // dtype.itemsize)  # and a tail

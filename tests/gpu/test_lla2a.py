@@ -62,7 +62,8 @@ def test_lla2a_many_calls_of_two_sizes_in_one_program(mesh, monkeypatch):
 def test_lla2a_through_the_kernel_bench(dtype):
   """nccl.lla2a_one_shot of the kernel level: 50 captured calls per graph,
   each rank's output bitwise the rank-order reference."""
-  from jax_llar.tools import _native, kernel_level  # pylint: disable=g-import-not-at-top
+  from jax_llar.tools import _native  # pylint: disable=g-import-not-at-top
+  from jax_llar.tools.bench import kernel_level as kernel_level  # pylint: disable=g-import-not-at-top
   tools = _native.require("the kernel bench")
   devices = jax.devices()
   cs = comm.get_or_create([[d.local_hardware_id for d in devices]])

@@ -30,7 +30,7 @@ import shutil
 import subprocess
 import sys
 
-from jax_llar.tools.loopback_harness import MAX_CONNECTIONS, summary
+from jax_llar.tools.loopback.harness import MAX_CONNECTIONS, summary
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMPARE = pathlib.Path(__file__).parent / "programs" / "compare_ll128.py"
@@ -49,7 +49,7 @@ def run_tool(tmp_path, *args, keep_as: str | None = None):
   record or None, the tail of its output). With JAX_LLAR_GPU1_RESULTS=DIR
   and `keep_as`, the record is also copied to DIR/<keep_as>.json."""
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from jax_llar.tools import loopback  # pylint: disable=g-import-not-at-top (defines flags)
+  from jax_llar.tools.loopback import cli as loopback  # pylint: disable=g-import-not-at-top (defines flags)
   path = tmp_path / "loopback.json"
   if path.exists():
     path.unlink()

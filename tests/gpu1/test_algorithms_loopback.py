@@ -105,7 +105,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from jax_llar.tools import loopback_harness as lh
+from jax_llar.tools.loopback import harness as lh
 
 from loopback_helpers import ALLOWED_SKIPS, compare, grid, passed, problems, run_tool, statuses
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import pytest
 
-from jax_llar.tools import loopback_harness as lh
+from jax_llar.tools.loopback import harness as lh
 
 SIGNATURE_TIMEOUT_MS = 10000
 

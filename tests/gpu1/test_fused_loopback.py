@@ -1,6 +1,6 @@
 """The fused all-reduce + residual add + RMSNorm kernel on one GPU: the
 loopback harness's fused mode (``python -m jax_llar.tools.loopback --op
-add_rms_norm``, jax_llar.tools.loopback_fused) in a child process, every case
+add_rms_norm``, jax_llar.tools.loopback.fused) in a child process, every case
 against the host emulation of the reference: new_residual bitwise, normed
 within loopback_fused.NORMED_MAX_ULP, every rank bitwise identical, the
 epoch counters shared with interleaved one-shot all-reduces. Not NVLink:

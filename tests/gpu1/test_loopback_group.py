@@ -1,5 +1,5 @@
 """The XLA path on one GPU: a loopback group behind a real FFI custom call
-(jax_llar.tools.loopback_group). Every result is compared bit for bit with
+(jax_llar.tools.loopback.group). Every result is compared bit for bit with
 the rank-order sum of the ranks' inputs (jax_llar.testing.rank_order_sum),
 and every test ends with no rank's error record set. What this proves and
 what it does not: docs/testing.md, "The loopback group"."""
@@ -19,8 +19,9 @@ import pytest
 from jax import lax
 
 from jax_llar import testing
-from jax_llar.tools import capture, loopback_fused, traces
-from jax_llar.tools.loopback_group import LoopbackGroup
+from jax_llar.tools import capture, traces
+from jax_llar.tools.loopback import fused as loopback_fused
+from jax_llar.tools.loopback.group import LoopbackGroup
 
 CHILD = pathlib.Path(__file__).parent / "programs" / "loopback_group_child.py"
 # (world, algorithm): the issue's matrix.

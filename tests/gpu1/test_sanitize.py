@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-from jax_llar.tools import sanitize_harness as sanitize
+from jax_llar.tools.sanitize import harness as sanitize
 
 from loopback_helpers import ROOT
 

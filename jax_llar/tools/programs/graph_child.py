@@ -87,7 +87,7 @@ def _loopback(trace_dir: str) -> int:
   """The chain on one device through a loopback group of 2 ranks."""
   import jax
   import jax.numpy as jnp
-  from jax_llar.tools.loopback_group import LoopbackGroup
+  from jax_llar.tools.loopback.group import LoopbackGroup
 
   device = jax.devices()[0]
   with LoopbackGroup(2, device=device) as g:

@@ -2,7 +2,7 @@
 
     python -m jax_llar.tools.programs.loopback_fault SPEC_JSON
 
-SPEC_JSON is `jax_llar.tools.loopback_harness.fault_spec`'s object: the
+SPEC_JSON is `jax_llar.tools.loopback.harness.fault_spec`'s object: the
 case (world, dtype, n_bytes, start_epoch, calls, sync, generic, block_lines,
 timeout_ms, misalign, sets, seed, device, signatures, signature_seed) and the
 fault: "skip" (rank skip_rank's kernel left out of call skip_call; the other
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
 
   from jax_llar.algorithms import Algorithm
   from jax_llar.tools import _native
-  from jax_llar.tools import loopback_harness as lh
+  from jax_llar.tools.loopback import harness as lh
 
   try:
     mod = _native.require("the loopback fault child")

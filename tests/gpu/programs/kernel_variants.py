@@ -22,8 +22,9 @@ import ml_dtypes
 import numpy as np
 
 from jax_llar import algorithms, comm, testing
-from jax_llar.tools import _native, kernel_level
-from jax_llar.tools.kernel_level import KERNEL_IMPLS, KernelImpl
+from jax_llar.tools import _native
+from jax_llar.tools.bench import kernel_level as kernel_level
+from jax_llar.tools.bench.kernel_level import KERNEL_IMPLS, KernelImpl
 
 from _prelude import emit
 

@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
   spec = json.loads(argv[1])
   from jax_llar.algorithms import Algorithm
   from jax_llar.tools import _native
-  from jax_llar.tools import loopback_harness as lh
+  from jax_llar.tools.loopback import harness as lh
 
   try:
     mod = _native.require("the LL128 comparison child")

@@ -30,7 +30,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jax import export  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 from jax_llar import testing  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jax_llar.tools import loopback_group  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jax_llar.tools.loopback import group as loopback_group  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 messages: list[str] = []
 logger = logging.getLogger("jax._src.compiler")

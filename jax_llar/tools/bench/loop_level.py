@@ -71,7 +71,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_llar
 from jax_llar import testing
-from jax_llar.tools import copy as copy_call, jax_level, report
+from jax_llar.tools import copy as copy_call, report
+from jax_llar.tools.bench import jax_level as jax_level
 from jax_llar.tools.progress import Progress
 
 STRUCTURES = ("chain", "scan", "scan_unroll8", "fori", "fori_k8", "while",

@@ -17,7 +17,7 @@ chains are shortened in proportion to the size (at least 16 and 2 steps), so
 that a 64 MiB step does not take as long as 256 thousand small ones.
 
 Then, per number of ranks, it builds a table by the rule of
-jax_llar.tools.tune_tables.RULE: per size the fastest algorithm replaces lax.psum only
+jax_llar.tools.tune.tables.RULE: per size the fastest algorithm replaces lax.psum only
 when it beats lax.psum by --margin for every dtype; neighbouring sizes with
 the same choice merge into one row; sizes above the last row go to
 lax.psum. A row whose output matched no reference stops the build (the
@@ -56,8 +56,10 @@ from absl import flags
 from jax_llar import jsonfile, table_lookup, tuning
 from jax_llar.algorithms import MAX_BYTES, MAX_RANKS, NON_DETERMINISTIC, Algorithm
 from jax_llar.config import settings
-from jax_llar.tools import _cli, host, jax_level, progress, report, tune_tables
-from jax_llar.tools.tune_plan import (AUTO, chain_lengths, default_ranks, default_sizes,
+from jax_llar.tools import _cli, host, progress, report
+from jax_llar.tools.bench import jax_level as jax_level
+from jax_llar.tools.tune import tables as tune_tables
+from jax_llar.tools.tune.plan import (AUTO, chain_lengths, default_ranks, default_sizes,
                                       fastest, from_results_command, verdicts)
 
 # The longest bound a run may be given, seconds (a week).
@@ -242,7 +244,7 @@ def measure() -> int:
   import numpy as np
   from jax.sharding import Mesh
   import jax_llar
-  from jax_llar.tools import jax_level
+  from jax_llar.tools.bench import jax_level as jax_level
 
   ranks = [int(r) for r in RANKS.value] if RANKS.value else default_ranks(len(devices))
   too_many = [r for r in ranks if r > len(devices)]
@@ -325,7 +327,7 @@ def verify(tuned_rows, devices) -> int:
   import numpy as np
   from jax.sharding import Mesh
   import jax_llar
-  from jax_llar.tools import jax_level
+  from jax_llar.tools.bench import jax_level as jax_level
 
   if OUT.value and os.path.abspath(_out_dir()) != os.path.abspath(
       os.path.expanduser(settings.tuning_dir)):

@@ -32,7 +32,7 @@ import numpy as np
 
 from jax_llar import _ext, testing
 from jax_llar.tools import _native, report
-from jax_llar.tools import loopback_harness as lh
+from jax_llar.tools.loopback import harness as lh
 
 IMPL = "loopback.add_rms_norm"
 NOTE = ("loopback harness, fused all-reduce + residual add + RMSNorm: all ranks "

@@ -28,7 +28,7 @@ launched together; per call, the maximum over ranks.
 Every row is checked bitwise against a reference on random data before it
 is timed (the table says which reference each matched): jax_llar and the
 copy call against the rank order, lax.psum against its own one-step sums
-(jax_llar.tools.jax_level); the exit status is 1 when a row's result equals
+(jax_llar.tools.bench.jax_level); the exit status is 1 when a row's result equals
 none of its references. Without a GPU the copy call lowers to nothing, so
 its rows measure the multiplies alone. Results go to
 OUT/<machine>-<yyyymmdd>-<level><tag>.json (and .png with matplotlib; a
@@ -52,7 +52,10 @@ from absl import flags
 import re
 
 from jax_llar.algorithms import MAX_RANKS
-from jax_llar.tools import _cli, _native, host, jax_level, kernel_level, loop_level, report
+from jax_llar.tools import _cli, _native, host, report
+from jax_llar.tools.bench import jax_level as jax_level
+from jax_llar.tools.bench import kernel_level as kernel_level
+from jax_llar.tools.bench import loop_level as loop_level
 
 _ALL_IMPLS = jax_level.IMPLS + jax_level.DIAG_IMPLS
 PROG = "jax_llar.tools.bench"

@@ -4,7 +4,7 @@
       [--dtypes ...] [--sizes ...] [--calls N] [--shapes ROWSxD,...]
 
 Per (world, dtype, size): one jitted program of `calls` calls of
-`jax_llar.tools.loopback_group.LoopbackGroup.psum` (the production kernel of
+`jax_llar.tools.loopback.group.LoopbackGroup.psum` (the production kernel of
 --algorithm for every simulated rank, behind the loopback group's FFI custom
 call), each call's input the previous call's output scaled exactly (floats
 by 0.5, int32 shifted right by one), run twice on seeded random inputs
@@ -28,8 +28,8 @@ from typing import Sequence
 import numpy as np
 
 from jax_llar import algorithms, testing
-from jax_llar.tools import loopback_fused as lf
-from jax_llar.tools import loopback_harness as lh
+from jax_llar.tools.loopback import fused as lf
+from jax_llar.tools.loopback import harness as lh
 from jax_llar.tools import report
 
 IMPL = "loopback_group"
@@ -169,7 +169,7 @@ def run(algorithm: str, worlds: Sequence[int], dtypes: Sequence[str], sizes: Seq
     RuntimeError: no CUDA device or no native tools module (the reason).
   """
   import jax  # pylint: disable=g-import-not-at-top
-  from jax_llar.tools.loopback_group import LoopbackGroup  # pylint: disable=g-import-not-at-top
+  from jax_llar.tools.loopback.group import LoopbackGroup  # pylint: disable=g-import-not-at-top
   dev = jax.devices("cuda")[device]
   rng = np.random.default_rng(seed)
   fused = algorithm == "one_shot_ll"

@@ -1,7 +1,7 @@
 """Building tuning tables from measurements (``python -m jax_llar.tools.tune``
 and its ``--from_results`` mode).
 
-From JAX-level result files (rows of ``jax_llar.tools.jax_level``: per
+From JAX-level result files (rows of ``jax_llar.tools.bench.jax_level``: per
 implementation, dtype and size, the per-step time of a jitted chain and
 whether its output was bitwise correct), per number of ranks, per size, the
 rule `RULE` picks an implementation; neighbouring sizes with the same pick

@@ -53,7 +53,7 @@ from absl import flags
 from jax_llar import algorithms
 from jax_llar.algorithms import LARGEST_MAX_BYTES, MAX_RANKS
 from jax_llar.tools import _cli, report
-from jax_llar.tools.soak_run import Tally, run_jax, run_loopback
+from jax_llar.tools.soak.run import Tally, run_jax, run_loopback
 
 CALLS = flags.DEFINE_integer("calls", 2_200_000, "Checked all-reduce calls to run.",
                              lower_bound=1, upper_bound=10**12)
@@ -110,7 +110,7 @@ _cli.register_tag_validator()
 
 
 def main() -> int:
-  from jax_llar.tools import loopback_harness as lh
+  from jax_llar.tools.loopback import harness as lh
   mode = MODE.value
   try:
     dtypes = [DTYPES[d] for d in DTYPES_F.value]

@@ -25,7 +25,7 @@ GPU; not NVLink (every store is local), not speed, not two processes.
 Example (one GPU)::
 
   import jax, jax.numpy as jnp
-  from jax_llar.tools.loopback_group import LoopbackGroup
+  from jax_llar.tools.loopback.group import LoopbackGroup
   with LoopbackGroup(world=4) as g:
     x = jnp.arange(4 * 256, dtype=jnp.float32).reshape(4, 256)
     y = jax.jit(g.psum)(x)   # every row: x.sum(0), added in rank order

@@ -5,7 +5,7 @@
 
 Needs one CUDA GPU, the CUDA extension and ``compute-sanitizer`` (CUDA's;
 found on PATH, in CUDA_HOME/bin or beside nvcc, or given with --sanitizer).
-What runs, and the verdict per (tool, unit): jax_llar.tools.sanitize_harness.
+What runs, and the verdict per (tool, unit): jax_llar.tools.sanitize.harness.
 
 Results: a table on stdout and a JSON file (--json, else
 OUT/<machine>-<yyyymmdd>-sanitize<tag>.json): ``{"env", "level":
@@ -23,8 +23,8 @@ import sys
 from absl import flags
 
 from jax_llar.tools import _cli, report
-from jax_llar.tools import sanitize_harness as sh
-from jax_llar.tools.sanitize_harness import MATRICES, NOTE, TOOLS
+from jax_llar.tools.sanitize import harness as sh
+from jax_llar.tools.sanitize.harness import MATRICES, NOTE, TOOLS
 
 TOOLS_FLAG = flags.DEFINE_list("tools", list(TOOLS), f"compute-sanitizer tools: {TOOLS}.")
 MATRIX = flags.DEFINE_enum("matrix", "full", list(MATRICES),

@@ -136,7 +136,7 @@ def run_loopback(tally: Tally, algs: Sequence[str], dtypes: Sequence[str],
   from `algs`, `dtypes` and `worlds`, a payload per rank log-uniform up to
   min(`max_bytes`, the algorithm's limit) (log_uniform_size), and runs up to
   `calls_per_case` consecutive checked calls on the loopback harness
-  (jax_llar.tools.loopback_harness), fewer when fewer calls are left or the
+  (jax_llar.tools.loopback.harness), fewer when fewer calls are left or the
   outputs would pass 64 MiB. A case the harness skips (a dtype an algorithm
   does not serve, grids that are not co-resident), or refuses with a
   ValueError, is counted in tally.skipped by reason; when the first
@@ -175,7 +175,7 @@ def run_loopback(tally: Tally, algs: Sequence[str], dtypes: Sequence[str],
     >>> tally.record()["passed"]  # doctest: +SKIP
     True
   """
-  from jax_llar.tools import loopback_harness as lh
+  from jax_llar.tools.loopback import harness as lh
   mod = None
   if run_case is None:
     from jax_llar.tools import _native
@@ -275,8 +275,8 @@ def run_jax(tally: Tally, algs: Sequence[str], dtypes: Sequence[str], max_bytes:
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
   import jax_llar
-  from jax_llar.tools import jax_level
-  from jax_llar.tools import loopback_harness as lh
+  from jax_llar.tools.bench import jax_level as jax_level
+  from jax_llar.tools.loopback import harness as lh
   devices = [d for d in jax.devices() if d.platform == "gpu"]
   mesh = Mesh(np.array(devices), ("x",))
   world = len(devices)

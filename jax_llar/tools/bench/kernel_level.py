@@ -193,7 +193,8 @@ def run(s: Settings) -> dict:
   """
   import jax
   from jax_llar import comm
-  from jax_llar.tools import jax_level, report
+  from jax_llar.tools import report
+  from jax_llar.tools.bench import jax_level as jax_level
   mod = _native.require("the kernel level")
   if jax.device_count() < 2:
     raise RuntimeError(f"the kernel level needs 2+ CUDA GPUs; {jax.device_count()} here")

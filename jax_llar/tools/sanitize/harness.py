@@ -60,7 +60,7 @@ import tempfile
 import time
 from typing import Sequence
 
-from jax_llar.tools import loopback_harness as lh
+from jax_llar.tools.loopback import harness as lh
 
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")

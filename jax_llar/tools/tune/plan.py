@@ -5,7 +5,7 @@ the command)."""
 
 from __future__ import annotations
 
-from jax_llar.tools import tune_tables
+from jax_llar.tools.tune import tables as tune_tables
 from jax_llar.algorithms import MAX_RANKS
 
 
@@ -62,7 +62,7 @@ def fastest(rows) -> dict[tuple[int, int, str], dict]:
   """Per (world_size, bytes_per_rank, dtype): the row of the fastest jax_llar
   algorithm that ran its own fast path with a correct output (``impl`` not
   lax.psum, ``correct`` and ``fast_path`` true), or no entry where none did.
-  Rows are the JAX level's (jax_llar.tools.jax_level.measure)."""
+  Rows are the JAX level's (jax_llar.tools.bench.jax_level.measure)."""
   best: dict[tuple[int, int, str], dict] = {}
   for r in rows:
     if r["impl"] == "lax.psum" or not r.get("correct") or r.get("fast_path") is not True:

@@ -14,10 +14,10 @@
   python -m jax_llar.tools.loopback --swap_signature_rank R --fault_call C [...]
       (signature faults: a call paired with a call of another signature)
   python -m jax_llar.tools.loopback --op add_rms_norm [--shapes 1x4096,8x2048] [...]
-      (the fused all-reduce + residual add + RMSNorm: jax_llar.tools.loopback_fused)
+      (the fused all-reduce + residual add + RMSNorm: jax_llar.tools.loopback.fused)
   python -m jax_llar.tools.loopback --op xla [--algorithm two_shot_ll] [...]
       (through a loopback group's FFI custom call inside jitted programs:
-      jax_llar.tools.loopback_xla)
+      jax_llar.tools.loopback.xla)
 
 Needs one CUDA GPU and the CUDA extension. W ranks of one group are
 simulated on that GPU: W scratch regions, W sets of epoch counters, error
@@ -27,7 +27,7 @@ on a stream of its own so that the ranks' kernels run at once. Every kept
 output of every rank is compared bitwise with the fast path's promise, a
 float64 sum in rank order rounded once (NaNs by position), or for a
 non-deterministic algorithm checked by its own rule (check_mode in
-jax_llar.tools.loopback_harness), and every rank's epoch counters must have
+jax_llar.tools.loopback.harness), and every rank's epoch counters must have
 advanced once per call.
 
 What this tests: the protocol logic (LL lines and flags, per-warp epochs,
@@ -74,7 +74,7 @@ environment, the commit and one row per case. The exit status is 1 when a
 case failed or none ran.
 
 The command line is checked before anything runs (one line, status 1): the
-settings (jax_llar.tools.loopback_harness.validate), the output file or
+settings (jax_llar.tools.loopback.harness.validate), the output file or
 folder (writable), and, in every mode, that this machine has a GPU and the
 CUDA extension with the native tools module, so that a fault mode does not
 start its children to hear each say it cannot run.
@@ -91,9 +91,9 @@ from absl import flags
 
 from jax_llar import _ext
 from jax_llar.tools import _cli, _native, host, report
-from jax_llar.tools import loopback_fused as lf
-from jax_llar.tools import loopback_harness as lh
-from jax_llar.tools import loopback_xla as lx
+from jax_llar.tools.loopback import fused as lf
+from jax_llar.tools.loopback import harness as lh
+from jax_llar.tools.loopback import xla as lx
 
 WORLDS = flags.DEFINE_list("worlds", [str(w) for w in lh.DEFAULT_WORLDS],
                            "Simulated world sizes (ranks), 2-16.")
@@ -203,11 +203,11 @@ JOBS = flags.DEFINE_integer("jobs", 1, "Fault modes: child processes (cases) run
 OP = flags.DEFINE_enum(
     "op", "all_reduce", ["all_reduce", "add_rms_norm", "xla"],
     "all_reduce: the one-shot all-reduce (the flags above). add_rms_norm: the fused "
-    "all-reduce + residual add + RMSNorm (jax_llar.tools.loopback_fused) over "
+    "all-reduce + residual add + RMSNorm (jax_llar.tools.loopback.fused) over "
     "--worlds, --dtypes, --shapes, --calls (each after a one-shot all-reduce of x), "
     "--start_epochs, --timeout_ms, --seed, --device; the other flags do not apply. "
     "xla: the cases of --algorithm over --worlds, --dtypes, --sizes through a loopback "
-    "group inside jitted programs of --calls calls (jax_llar.tools.loopback_xla; with "
+    "group inside jitted programs of --calls calls (jax_llar.tools.loopback.xla; with "
     "one_shot_ll also the fused op at --shapes), --timeout_ms, --seed, --device.")
 SHAPES = flags.DEFINE_list(
     "shapes", [f"{r}x{d}" for r, d in lf.DEFAULT_SHAPES],
@@ -338,7 +338,7 @@ def main() -> int:
 
 
 def main_add_rms_norm(s: lh.Settings, shapes) -> int:
-  """--op add_rms_norm: the fused kernel's cases (jax_llar.tools.loopback_fused)."""
+  """--op add_rms_norm: the fused kernel's cases (jax_llar.tools.loopback.fused)."""
   if not DTYPES_FLAG.present:  # int32 is not the fused op's
     s = dataclasses.replace(s, dtypes=("float32", "bfloat16", "float16"))
   errors = [e for e in lh.validate(s) if not e.startswith("sizes")]
@@ -374,7 +374,7 @@ def _run_mode(note: str, default_tag: str, run) -> int:
 
 def main_xla(s: lh.Settings, shapes) -> int:
   """--op xla: cases through a loopback group inside jitted programs
-  (jax_llar.tools.loopback_xla)."""
+  (jax_llar.tools.loopback.xla)."""
   errors = [e for e in lh.validate(s) if not e.startswith("start_epochs")]
   if max(SKIP_RANK.value, EXTRA_CALL_RANK.value, SWAP_SIGNATURE_RANK.value) >= 0:
     errors.append("--skip_rank, --extra_call_rank and --swap_signature_rank apply to "
