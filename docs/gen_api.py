@@ -399,7 +399,7 @@ def tool_help(tool: str) -> str:
                      f"{p.returncode}:\n{p.stderr[-2000:]}")
   text = p.stdout.rstrip() + "\n"
   # The module's path as absl prints it: from the package on.
-  text = re.sub(r"^\S*?(jax_llar/tools/\w+\.py:)$", r"\1", text, flags=re.M)
+  text = re.sub(r"^\S*?(jax_llar/tools/[\w/]+\.py:)$", r"\1", text, flags=re.M)
   # The scratch folder's default: TMPDIR, as the tools' own text says.
   text = text.replace("'/tmp/jax_llar_results'", "'$TMPDIR/jax_llar_results'")
   return text
