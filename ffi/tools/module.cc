@@ -605,8 +605,10 @@ NB_MODULE(_llar_tools, m) {
         llar::DestroyLoopbackGroup(id);
       },
       nb::arg("id"),
-      "Waits (bounded) for the group's streams and frees it. ValueError for an "
-      "unknown id; RuntimeError when its streams failed or did not finish.");
+      "Withdraws the group (its calls fail from then on; its memory stays, as "
+      "captured command buffers hold its addresses), then waits (bounded) for its "
+      "streams. ValueError for an unknown id; RuntimeError when its streams failed "
+      "or did not finish.");
   m.def(
       "loopback_group_info",
       [](int64_t id) {

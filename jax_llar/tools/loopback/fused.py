@@ -217,7 +217,14 @@ def run_case(mod: Any, case: Case, calls: int, timeout_ms: int, device: int,
   row["epoch_mismatch"] = r["epoch_mismatch"]
   if not r["epochs_checked"] or r["epoch_mismatch"] is not None:
     problems.append(f"epochs: {r['epoch_mismatch']}")
+  return verdict(row, problems, records)
+
+
+def verdict(row: dict, problems: list[str], records: list[dict]) -> dict:
+  """`row` with its verdict: "fail" (and its problems) when there are
+  problems or error records (records kept in the row), else "pass"."""
   if records:
+    row["records"] = records
     problems.append(f"{len(records)} error record(s)")
   row["status"] = "fail" if problems else "pass"
   row["correct"] = not problems

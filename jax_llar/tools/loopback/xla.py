@@ -139,15 +139,7 @@ def run_add_rms_norm(group, dtype: str, rows: int, d: int, calls: int,
 
 
 def _finish(row: dict, group, problems: list[str]) -> dict:
-  records = [dict(r) for r in group.records() if r["code"]]
-  if records:
-    row["records"] = records
-    problems.append(f"{len(records)} error record(s)")
-  row["status"] = "fail" if problems else "pass"
-  row["correct"] = not problems
-  if problems:
-    row["problems"] = problems
-  return row
+  return lf.verdict(row, problems, [dict(r) for r in group.records() if r["code"]])
 
 
 def _line(row: dict) -> str:
