@@ -342,6 +342,17 @@ def main_add_rms_norm(s: lh.Settings, shapes) -> int:
   if not DTYPES_FLAG.present:  # int32 is not the fused op's
     s = dataclasses.replace(s, dtypes=("float32", "bfloat16", "float16"))
   errors = [e for e in lh.validate(s) if not e.startswith("sizes")]
+  return _run_mode(errors, lf.NOTE, "-add_rms_norm", lambda: lf.run(
+      s.worlds, s.dtypes, shapes, s.calls, s.timeout_ms, s.start_epochs, s.seed, s.device))
+
+
+def _run_mode(errors: list[str], note: str, default_tag: str, run) -> int:
+  """The rest of an --op mode other than all_reduce, given the errors its
+  own flag checks found: the checks every such mode shares (no fault flag,
+  a writable result), then the native module, `run()`, the result saved,
+  the cases counted. Exit status 1 when a flag is refused, or a case
+  failed, erred or did not run, or none ran."""
+  errors = list(errors)
   if max(SKIP_RANK.value, EXTRA_CALL_RANK.value, SWAP_SIGNATURE_RANK.value) >= 0:
     errors.append("--skip_rank, --extra_call_rank and --swap_signature_rank apply to "
                   "--op all_reduce only")
@@ -349,14 +360,6 @@ def main_add_rms_norm(s: lh.Settings, shapes) -> int:
   if errors:
     print("jax_llar.tools.loopback: " + "; ".join(errors))
     return 1
-  return _run_mode(lf.NOTE, "-add_rms_norm", lambda: lf.run(
-      s.worlds, s.dtypes, shapes, s.calls, s.timeout_ms, s.start_epochs, s.seed, s.device))
-
-
-def _run_mode(note: str, default_tag: str, run) -> int:
-  """The rest of an --op mode after its flags were checked: the native
-  module, `run()`, the result saved, the cases counted. Exit status 1 when
-  a case failed, erred or did not run, or none ran."""
   if _native.load() is None:
     print(f"jax_llar.tools.loopback needs one CUDA GPU and the CUDA extension: "
           f"{_native.reason()}")
@@ -376,17 +379,10 @@ def main_xla(s: lh.Settings, shapes) -> int:
   """--op xla: cases through a loopback group inside jitted programs
   (jax_llar.tools.loopback.xla)."""
   errors = [e for e in lh.validate(s) if not e.startswith("start_epochs")]
-  if max(SKIP_RANK.value, EXTRA_CALL_RANK.value, SWAP_SIGNATURE_RANK.value) >= 0:
-    errors.append("--skip_rank, --extra_call_rank and --swap_signature_rank apply to "
-                  "--op all_reduce only")
   if s.algorithm == "nccl_lla2a_one_shot":
     errors.append("nccl_lla2a_one_shot needs NCCL's device communicator; a loopback "
                   "group makes no NCCL call")
-  errors += [e for e in [output_error()] if e]
-  if errors:
-    print("jax_llar.tools.loopback: " + "; ".join(errors))
-    return 1
-  return _run_mode(lx.NOTE, "-xla", lambda: lx.run(
+  return _run_mode(errors, lx.NOTE, "-xla", lambda: lx.run(
       s.algorithm, s.worlds, s.dtypes, s.sizes, shapes, s.calls, s.timeout_ms, s.seed,
       s.device))
 
