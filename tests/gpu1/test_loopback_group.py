@@ -176,29 +176,33 @@ def test_loop_bodies(group, world, algorithm):
   assert_clean(g)
 
 
-def _child(mode, path):
-  p = subprocess.run([sys.executable, str(CHILD), mode, str(path)], capture_output=True,
-                     text=True, timeout=300)
-  lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
-  assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-3000:]
-  return json.loads(lines[-1])
+@pytest.fixture(name="two_processes", scope="module")
+def _two_processes(tmp_path_factory):
+  """The child program run twice in one folder: the first process exports a
+  program and compiles it with the persistent cache, the second runs the
+  exported program and compiles the same program with that cache."""
+  folder = tmp_path_factory.mktemp("loopback_group_child")
+  runs = []
+  for mode in ("first", "second"):
+    p = subprocess.run([sys.executable, str(CHILD), mode, str(folder)], capture_output=True,
+                       text=True, timeout=300)
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    assert p.returncode == 0 and lines, (p.stdout + p.stderr)[-3000:]
+    runs.append(json.loads(lines[-1]))
+  return runs
 
 
-def test_export_runs_in_a_fresh_process(tmp_path):
+def test_export_runs_in_a_fresh_process(two_processes):
   """jax.export of a program of two calls (one-shot, two-shot), serialised
   in one process and run in another (each process's first group: id 1)."""
-  path = tmp_path / "program.bin"
-  made = _child("export", path)
-  ran = _child("run_export", path)
-  for r in (made, ran):
-    assert r["group_id"] == 1 and r["correct"] and r["records"] == [0, 0], r
+  for r in two_processes:
+    assert r["group_id"] == 1 and r["export_correct"] and r["records"] == [0, 0], r
 
 
-def test_persistent_compilation_cache_across_two_processes(tmp_path):
+def test_persistent_compilation_cache_across_two_processes(two_processes):
   """The second process hits the first's cache entry and runs it correctly."""
-  runs = [_child("cache", tmp_path / "cache") for _ in range(2)]
-  assert [r["hit"] for r in runs] == [False, True], runs
-  assert all(r["correct"] and r["records"] == [0, 0] for r in runs), runs
+  assert [r["hit"] for r in two_processes] == [False, True], two_processes
+  assert all(r["cache_correct"] and r["records"] == [0, 0] for r in two_processes)
 
 
 def test_fused_op(group):
