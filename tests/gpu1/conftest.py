@@ -9,7 +9,9 @@ forces CPU devices otherwise):
 Every test here is marked ``one_gpu`` and skipped, with the reason, when the
 suite cannot run. The loopback tool runs in this process
 (loopback_helpers.py); its fault modes and a few other tools run in child
-processes, which may lose their CUDA context on purpose.
+processes, which may lose their CUDA context on purpose. The fault children
+and the sanitizer's clean runs start in the background at the session's
+start (background.py); their tests run last.
 """
 
 from __future__ import annotations
@@ -60,6 +62,34 @@ def pytest_configure(config):
       "markers", "one_gpu: needs one CUDA GPU (ranks simulated on it; tests/gpu1)")
 
 
+# The tests that wait for the background's work, in the order they run last:
+# every fault child has ended before the sanitized fault unit starts.
+LAST = ("test_faults_loopback.py", "test_sanitize.py")
+
+
 def pytest_collection_modifyitems(config, items):
-  del config
   suite_setup.mark_suite(items, HERE, pytest.mark.one_gpu, SKIP_REASON)
+  def last(item):
+    path = pathlib.Path(str(item.fspath))
+    return LAST.index(path.name) + 1 if path.parent == HERE and path.name in LAST else 0
+  items.sort(key=last)  # stable: every other test keeps its place
+  config.llar_background = {name: any(last(i) == k + 1 for i in items)
+                            for k, name in enumerate(LAST)} if SKIP_REASON is None else {}
+
+
+@pytest.fixture(name="background", scope="session", autouse=True)
+def _background(request, tmp_path_factory):
+  """The session's background work (background.py), started before the
+  first test when the tests that wait for it were selected."""
+  want = getattr(request.config, "llar_background", {})
+  if not any(want.values()):
+    yield None
+    return
+  import background  # pylint: disable=g-import-not-at-top
+  bg = background.Background(tmp_path_factory.mktemp("background"),
+                             faults=want.get(LAST[0], False),
+                             sanitized=want.get(LAST[1], False))
+  try:
+    yield bg
+  finally:
+    bg.close()

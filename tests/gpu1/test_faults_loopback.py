@@ -1,11 +1,9 @@
 """The fault modes of every simulated algorithm on the loopback harness (one
 GPU): a rank left out of a call, and a call paired with a call of another
-signature. Each case runs in a child process of its own (the kernels trap,
-which loses the child's CUDA context; ``loopback_harness.run_fault_case``),
-one at a time: with several trapping children at once on one H200 the
-bounded waits of the others ended tens of seconds late or not before the
-host's deadline (benchmarks/NOTES.md). A child costs about 6 s, so each
-kernel's failure path is covered once, not at every size.
+signature. The cases and their child processes: fault_cases.py (one at a
+time, in the background from the session's start while the in-process
+tests run: background.py). A child costs about 6 s, so each kernel's
+failure path is covered once, not at every size.
 
 A rank left out (``skip``): rank R's kernel is never launched on one call;
 every other rank must end in the bounded wait's report (naming R, or for the
@@ -37,64 +35,24 @@ import pytest
 
 from jax_llar.tools.loopback import harness as lh
 
-SIGNATURE_TIMEOUT_MS = 10000
+from fault_cases import MISPAIRED, SIGNATURE_TIMEOUT_MS, SKIPS
 
 
-def _skip(algorithm, worlds, sizes, start_epochs, *, rank=2, call=3, calls=6,
-          dtype="float32", sync=True):
-  s = lh.Settings(worlds=worlds, dtypes=(dtype,), sizes=sizes, calls=calls,
-                  timeout_ms=1000, start_epochs=start_epochs, sync=sync, algorithm=algorithm)
-  return s, {"skip_rank": rank, "skip_call": call}
-
-
-def _mispaired(algorithm, fault, world):
-  s = lh.Settings(worlds=(world,), dtypes=("float32",), sizes=(4096,), calls=6,
-                  timeout_ms=SIGNATURE_TIMEOUT_MS, start_epochs=(65533,), algorithm=algorithm)
-  return s, {"skip_rank": -1, "skip_call": 0, "fault": fault, "fault_rank": 1,
-             "fault_call": 3}
-
-
-WRAP = 4294967293  # 2^32 - 3: call 3 is the first past the 32-bit wrap
-SKIPS = {
-    "one_shot_ll": _skip("one_shot_ll", (3, 8), (1024,), (WRAP,)),
-    "one_shot_ll.nosync16": _skip("one_shot_ll", (16,), (4096,), (0,), rank=15, call=7,
-                                  calls=8, dtype="bfloat16", sync=False),
-    "one_shot_ll128": _skip("one_shot_ll128", (3,), (4200,), (WRAP,)),
-    "one_shot_sentinel": _skip("one_shot_sentinel", (3,), (1024,), (5,)),
-    "two_shot_ll": _skip("two_shot_ll", (3,), (262148,), (WRAP,)),
-    "two_shot_ll128": _skip("two_shot_ll128", (3,), (262148,), (WRAP,)),
-    "two_shot_ll128_atomic": _skip("two_shot_ll128_atomic", (3,), (4204,), (100,)),
-}
-MISPAIRED = {
-    "one_shot_ll.extra_call": _mispaired("one_shot_ll", "extra_call", 3),
-    "one_shot_ll.swap_signature": _mispaired("one_shot_ll", "swap_signature", 2),
-    "two_shot_ll.extra_call": _mispaired("two_shot_ll", "extra_call", 2),
-    "one_shot_ll128.swap_signature": _mispaired("one_shot_ll128", "swap_signature", 3),
-    "two_shot_ll128.extra_call": _mispaired("two_shot_ll128", "extra_call", 3),
-}
-
-
-def _run_all(specs):
-  """Every case of every spec, each in its child, one at a time; returns
-  {name: rows}, rows in case order."""
-  out = {}
-  for name, (s, fault) in specs.items():
-    assert not lh.validate(s), (name, lh.validate(s))
-    out[name] = []
-    for case, reason in lh.cases(s):
-      assert reason is None, (name, case, reason)
-      out[name].append(lh.run_fault_case(s, case, **fault))
-  return out
+@pytest.fixture(name="fault_rows", scope="module")
+def _fault_rows(background):
+  """Every fault case's rows: the children ran one at a time in the
+  background from the session's start (background.py)."""
+  return background.fault_rows()
 
 
 @pytest.fixture(scope="module")
-def skipped():
-  return _run_all(SKIPS)
+def skipped(fault_rows):
+  return fault_rows["skipped"]
 
 
 @pytest.fixture(scope="module")
-def mispaired():
-  return _run_all(MISPAIRED)
+def mispaired(fault_rows):
+  return fault_rows["mispaired"]
 
 
 def _lines(rows):

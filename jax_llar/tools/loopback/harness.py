@@ -694,10 +694,14 @@ def differing_from_reference(outputs: np.ndarray, inputs: np.ndarray, first_call
 
 
 def _nan(x: np.ndarray) -> np.ndarray:
+  """Elementwise: True where `x` (a float dtype) is a NaN, read from its
+  bits (the exponent all ones and a mantissa not zero), without a copy in
+  another dtype."""
   if x.dtype not in QUIET_BIT:
     return np.zeros(x.shape, bool)
-  with np.errstate(invalid="ignore"):
-    return np.isnan(x.astype(np.float32))
+  u = _UINT[x.dtype.itemsize]
+  sign = u(1 << (8 * x.dtype.itemsize - 1))
+  return (np.ascontiguousarray(x).view(u) & ~sign) > _EXPONENT[x.dtype]
 
 
 def bitwise_difference(outputs: np.ndarray, other: np.ndarray, first_call: int,
@@ -759,9 +763,7 @@ def nan_bits(outputs: np.ndarray, limit: int = 16) -> list[str]:
   if dtype not in QUIET_BIT:
     return []
   u = _UINT[dtype.itemsize]
-  with np.errstate(invalid="ignore"):
-    nan = np.isnan(outputs.astype(np.float32))
-  found = np.unique(outputs.view(u)[nan])
+  found = np.unique(np.ascontiguousarray(outputs).view(u)[_nan(outputs)])
   return [f"0x{int(v):0{2 * dtype.itemsize}x}" for v in found[:limit]]
 
 
