@@ -105,7 +105,7 @@ run_stage() {
   log "stage $name: $* (limit $limit s)"
   # SIGINT first: pytest (and the tools) then still print what passed and
   # failed so far; SIGKILL 30 s later.
-  timeout -s INT --kill-after=30 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  STAGE_LIMIT=$limit timeout -s INT --kill-after=30 "$limit" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   summary+=("$(printf '%-7s rc=%-4s %4ss' "$name" "$rc" "$((SECONDS - t0))")")
   log "stage $name rc=$rc ($((SECONDS - t0)) s)"
@@ -193,11 +193,18 @@ ensure_stage() {
   $PY -m pip install --no-build-isolation --no-deps -v -e .
 }
 # The sanitize stage: the whole matrix, every run started within the stage's
-# own limit less what its slowest run may take.
+# own limit (STAGE_LIMIT, from run_stage) less what its slowest run may take
+# (100 s), so that the result file is written before the stage is stopped.
 sanitize_stage() {
   local commit=${LLAR_GIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}
+  local max=${SANITIZE_MAX_S:-}
+  if [ -z "$max" ]; then
+    max=420
+    [ -n "${STAGE_LIMIT:-}" ] && [ $((STAGE_LIMIT - 100)) -lt $max ] && max=$((STAGE_LIMIT - 100))
+    [ "$max" -lt 10 ] && max=10
+  fi
   $PY -m jax_llar.tools.sanitize --out "$OUT" --tag "-${commit:0:7}" \
-    --max_seconds "${SANITIZE_MAX_S:-420}" ${SANITIZE_ARGS:-}
+    --max_seconds "$max" ${SANITIZE_ARGS:-}
 }
 export -f atomicity_stage tune_stage ensure_stage cu12_stage sanitize_stage
 export KEEP TUNE_ARGS="${TUNE_ARGS:-}" ATOMICITY_SECONDS="${ATOMICITY_SECONDS:-60}" \
