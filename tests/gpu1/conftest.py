@@ -10,8 +10,8 @@ Every test here is marked ``one_gpu`` and skipped, with the reason, when the
 suite cannot run. The loopback tool runs in this process
 (loopback_helpers.py); its fault modes and a few other tools run in child
 processes, which may lose their CUDA context on purpose. The fault children
-and the sanitizer's clean runs start in the background at the session's
-start (background.py); their tests run last.
+start in the background at the session's start (background.py); the fault
+tests and then the sanitizer's cross-section run last.
 """
 
 from __future__ import annotations
@@ -78,17 +78,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(name="background", scope="session", autouse=True)
-def _background(request, tmp_path_factory):
+def _background(request):
   """The session's background work (background.py), started before the
-  first test when the tests that wait for it were selected."""
-  want = getattr(request.config, "llar_background", {})
-  if not any(want.values()):
+  first test when the fault tests were selected; None otherwise."""
+  if not getattr(request.config, "llar_background", {}).get(LAST[0]):
     yield None
     return
   import background  # pylint: disable=g-import-not-at-top
-  bg = background.Background(tmp_path_factory.mktemp("background"),
-                             faults=want.get(LAST[0], False),
-                             sanitized=want.get(LAST[1], False))
+  bg = background.Background()
   try:
     yield bg
   finally:
