@@ -74,6 +74,7 @@
 
 #include "kernels/kernel_table.cuh"
 #include "kernels/kernels.h"
+#include "kernels/ll128_thread.cuh"
 #include "llar/args.h"
 #include "llar/epoch.cuh"
 #include "llar/ll128.cuh"
@@ -99,57 +100,47 @@ static __device__ __noinline__ void RezeroParts(char* own, int half, int block, 
 template <typename T, int kWorld>
 __global__ void __launch_bounds__(kMaxThreads) OneShotLL128Kernel(const AllReduceArgs a) {
   constexpr int kUnroll = kWorld > 0 ? kWorld : 1;
-  const int world = kWorld > 0 ? kWorld : a.world;
-  const int rank = a.rank;
-  const int block = blockIdx.x;
-  const int t = threadIdx.x;
-  uint64_t* counter = a.epochs + (static_cast<unsigned>(block) * kMaxWarps +
-                                  static_cast<unsigned>(t) / kWarpSize);
-  const uint64_t epoch = LoadEpoch(counter);
-  const PeerTable* pt = a.peers;
-  char* own = internal::ScratchOf(pt, rank);
-  const PeerScratch<kWorld> peer(pt, rank, world);
+  const LL128Thread<kWorld> th(a);  // rank, block, lane, epoch, scratch (ll128_thread.cuh)
+  const PeerScratch<kWorld> peer(th.pt, th.rank, th.world);
 
-  const int slot = t / kLL128LanesPerLine;  // line of the block's region
-  const int part = LL128LaneInLine(t);
-  const bool flag_lane = IsLL128FlagLane(t);
-  const uint32_t line = static_cast<uint32_t>(block) * a.lines_per_block + slot;
+  const uint32_t line = static_cast<uint32_t>(th.block) * a.lines_per_block + th.slot;
   const uint32_t lines = (a.n_bytes + kLL128PayloadBytes - 1) / kLL128PayloadBytes;
-  const bool active = slot < static_cast<int>(a.lines_per_block) && line < lines;
-  const uint32_t unit = line * kLL128UnitsPerLine + LL128FirstUnit(t);
+  const bool active = th.slot < static_cast<int>(a.lines_per_block) && line < lines;
+  const uint32_t unit = line * kLL128UnitsPerLine + LL128FirstUnit(th.t);
   uint2 mine0 = {0u, 0u}, mine1 = {0u, 0u};
   if (active) {
     mine0 = LoadPayload(a.in, a.n_bytes, a.vector_lines, unit);
-    if (!flag_lane) mine1 = LoadPayload(a.in, a.n_bytes, a.vector_lines, unit + 1);
+    if (!th.flag_lane) mine1 = LoadPayload(a.in, a.n_bytes, a.vector_lines, unit + 1);
   }
 
   // Send: the 8 lanes of a line store it with one instruction (ll128.cuh),
   // so the warp is converged first.
-  const uint32_t flag = LL128Flag(epoch);
+  const uint32_t flag = LL128Flag(th.epoch);
   const uint32_t signature = a.signature;
-  const int half = HalfOf(epoch);
-  const uint32_t part_offset = static_cast<uint32_t>(part) * kLL128PartBytes;
-  const uint2 second = flag_lane ? uint2{flag, signature} : mine1;
-  const uint32_t to = OneShotLL128Offset(half, block, world, rank, slot) + part_offset;
+  const int half = HalfOf(th.epoch);
+  const uint32_t part_offset = static_cast<uint32_t>(th.part) * kLL128PartBytes;
+  const uint2 second = th.flag_lane ? uint2{flag, signature} : mine1;
+  const uint32_t to = OneShotLL128Offset(half, th.block, th.world, th.rank, th.slot) + part_offset;
   __syncwarp();
   if (active) {
 #pragma unroll kUnroll
-    for (int k = 1; k < world; ++k) StoreLL128Part(peer(k) + to, mine0, second);
+    for (int k = 1; k < th.world; ++k) StoreLL128Part(peer(k) + to, mine0, second);
   }
   // Every lane has read E; the counter is read again only by the next kernel.
   __syncwarp();
-  if (t % kWarpSize == 0) *counter = epoch + 1;
+  if (th.t % kWarpSize == 0) *th.counter = th.epoch + 1;
 
   // Receive and reduce in rank order (warp-collective waits: every lane of
   // the warp takes part, inactive lines without loading).
   RankOrderSum<T, AccumulatorFor<T, kWorld>> sum0, sum1;
 #pragma unroll kUnroll
-  for (int src = 0; src < world; ++src) {
+  for (int src = 0; src < th.world; ++src) {
     uint2 p0 = mine0, p1 = mine1;
-    if (src != rank) {
+    if (src != th.rank) {
+      const uint32_t from = OneShotLL128Offset(half, th.block, th.world, src, th.slot);
       const uint4 v = WaitLL128Part(
-          pt, own + OneShotLL128Offset(half, block, world, src, slot) + part_offset, active,
-          flag, signature, WaitSite{rank, src, block, static_cast<int32_t>(line), epoch});
+          th.pt, th.own + from + part_offset, active, flag, signature,
+          WaitSite{th.rank, src, th.block, static_cast<int32_t>(line), th.epoch});
       p0 = LL128Unit0(v);
       p1 = LL128Unit1(v);
     }
@@ -158,9 +149,11 @@ __global__ void __launch_bounds__(kMaxThreads) OneShotLL128Kernel(const AllReduc
   }
   if (active) {
     StorePayload(a.out, a.n_bytes, a.vector_lines, unit, sum0.Result());
-    if (!flag_lane) StorePayload(a.out, a.n_bytes, a.vector_lines, unit + 1, sum1.Result());
+    if (!th.flag_lane) StorePayload(a.out, a.n_bytes, a.vector_lines, unit + 1, sum1.Result());
   }
-  if (MustRezero(epoch)) one_shot_ll128::RezeroParts(own, half, block, world, slot, part);
+  if (MustRezero(th.epoch)) {
+    one_shot_ll128::RezeroParts(th.own, half, th.block, th.world, th.slot, th.part);
+  }
 }
 
 // Host side (kernel_table.cuh): the row of Algorithm::kOneShotLL128 and its
