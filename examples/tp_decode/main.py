@@ -525,7 +525,8 @@ def run(s: Settings, baseline_rows: list[dict] | None = None,
   if s.shard_of:
     print(f"tp_decode: one TP={s.shard_of} shard (per-device widths of TP="
           f"{s.shard_of}, all-reduce as identity) on {n} {platform} device(s)", flush=True)
-  print(f"tp_decode: TP={n} over {platform} ({devices[0].device_kind}); random "
+  where = (f"{n} {platform} device(s)" if s.shard_of else f"TP={n} over {platform}")
+  print(f"tp_decode: {where} ({devices[0].device_kind}); random "
         f"bfloat16 weights (latency does not depend on their values); prompt "
         f"{s.prompt} tokens prefilled, then {s.tokens} tokens decoded greedily per run "
         f"in chunks of {s.chunk} ({s.loop} loop), {s.repeats} timed runs per "
