@@ -694,14 +694,16 @@ def differing_from_reference(outputs: np.ndarray, inputs: np.ndarray, first_call
 
 
 def _nan(x: np.ndarray) -> np.ndarray:
-  """Elementwise: True where `x` (a float dtype) is a NaN, read from its
-  bits (the exponent all ones and a mantissa not zero), without a copy in
-  another dtype."""
+  """Elementwise: True where `x` (a float dtype) is a NaN. float32 through
+  numpy's isnan; the 16-bit floats from their bits (the exponent all ones
+  and a mantissa not zero), several times faster than isnan on them and
+  without a copy in another dtype."""
   if x.dtype not in QUIET_BIT:
     return np.zeros(x.shape, bool)
-  u = _UINT[x.dtype.itemsize]
-  sign = u(1 << (8 * x.dtype.itemsize - 1))
-  return (np.ascontiguousarray(x).view(u) & ~sign) > _EXPONENT[x.dtype]
+  if x.dtype == np.dtype(np.float32):
+    return np.isnan(x)
+  return (np.ascontiguousarray(x).view(np.uint16) & np.uint16(0x7FFF)) > np.uint16(
+      _EXPONENT[x.dtype])
 
 
 def bitwise_difference(outputs: np.ndarray, other: np.ndarray, first_call: int,
