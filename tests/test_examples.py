@@ -140,8 +140,10 @@ def test_decode_matches_prefill_and_cache_is_updated_in_place(tp_model):
 
 
 def test_step_forms_compute_the_same_logits(tp_model):
-  """The fused decode step (model.Step()) and the step as first written
-  (Step.dots(): XLA's dots, a K and a V cache) compute the same logits, and
+  """The fused decode step (model.Step()), the step as first written
+  (Step.dots(): XLA's dots, a K and a V cache) and the step with the Pallas
+  decode attention (Step(attn="pallas"), in Pallas's interpreter here)
+  compute the same logits, and
   so does one TP=2 shard's model on one device with either form: fed the
   same tokens (the fused form's greedy tokens from decode_scan), every
   step's logits of the two forms are within 3% of the largest. The forms
@@ -162,7 +164,8 @@ def test_step_forms_compute_the_same_logits(tp_model):
     mesh = Mesh(np.array(devices), ("tp",))
     prompt = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab, (1, plen)), jnp.int32)
     forms = {}
-    for name, step in (("step", model.Step()), ("dots", model.Step.dots())):
+    for name, step in (("step", model.Step()), ("dots", model.Step.dots()),
+                       ("pallas", model.Step(attn="pallas"))):
       m = model.build(cfg, mesh, 1, plen + n, step)
       params = m.init_params(0)
       tok0, cache = m.prefill()(params, prompt, m.init_cache())
@@ -180,10 +183,11 @@ def test_step_forms_compute_the_same_logits(tp_model):
         lg, form[3] = f(params, tok, cache, jnp.int32(plen + i))
         logits[name] = np.asarray(lg)[0]
         assert logits[name].shape == (cfg.vocab,)
-      a, b = logits["step"], logits["dots"]
+      a = logits["step"]
       assert a.argmax() == toks[i], (i, a.argmax(), toks[i])
-      rel = np.abs(a - b).max() / np.abs(a).max()
-      assert rel < bound, (i, rel)
+      for other in ("dots", "pallas"):
+        rel = np.abs(a - logits[other]).max() / np.abs(a).max()
+        assert rel < bound, (i, other, rel)
       tok = jnp.asarray(toks[i:i + 1])
 
 

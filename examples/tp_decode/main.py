@@ -160,6 +160,11 @@ REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per implementation, aft
 LOOP = flags.DEFINE_enum("loop", "scan", ["scan", "python"],
                          "Decode loop: scan (one lax.scan of --chunk tokens per "
                          "jitted call) or python (one jitted call per token).")
+ATTN = flags.DEFINE_enum("attn", "reduce", ["reduce", "dot", "pallas"],
+                         "The decode step's attention (model.Step's attn) on every "
+                         "path: reduce (XLA's fusions over the whole cache), dot "
+                         "(batched products) or pallas (the cache update, scores, "
+                         "softmax and V in one Pallas kernel, attention.py).")
 SHARD_OF = flags.DEFINE_integer(
     "shard_of", 0, "Measure one device's share of a TP=N step: each preset at the "
     "per-device widths of TP=N (heads, KV heads, MLP width and vocabulary divided "
@@ -208,6 +213,7 @@ class Settings:
   seed: int = 0
   flag_timeout: int = 900
   shard_of: int = 0
+  attn: str = "reduce"
 
 
 def flag_impl(flag: str) -> str:
@@ -346,7 +352,7 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
   add_norms = {"llar.fused": jax_llar.psum_add_rms_norm,
                "llar.split": model_lib.unfused_add_norm(jax_llar.psum),
                "lax.fused": model_lib.unfused_add_norm(lax.psum)}
-  m1 = model_lib.build(cfg, mesh, 1, max_len)
+  m1 = model_lib.build(cfg, mesh, 1, max_len, model_lib.Step(attn=s.attn))
   t0 = time.perf_counter()
   params = m1.init_params(s.seed)
   jax.block_until_ready(params)
@@ -359,9 +365,9 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
   rows, first_ids = [], {}
   progress = Progress(len(batches), f"decode {name}")
   for b in batches:
-    m = model_lib.build(cfg, mesh, b, max_len)
+    m = model_lib.build(cfg, mesh, b, max_len, model_lib.Step(attn=s.attn))
     # The fused step form: the same weights and prefilled cache.
-    mf = model_lib.build(cfg, mesh, b, max_len, model_lib.Step(norm="fused"))
+    mf = model_lib.build(cfg, mesh, b, max_len, model_lib.Step(norm="fused", attn=s.attn))
     tok0, cache0 = _batch_of(seqs, b, mesh)
     workload = f"{name} batch {b}" + (f", one TP={s.shard_of} shard" if s.shard_of else "")
     common = {"world_size": m.tp, "dtype": "bfloat16", "metric": "itl_us",
@@ -466,7 +472,7 @@ def child_command(s: Settings, presets, out_json: str) -> list[str]:
           "--psum_flags=", "--presets=" + ",".join(presets),
           "--batches=" + ",".join(map(str, s.flag_batches)), f"--tokens={s.tokens}",
           f"--chunk={s.chunk}", f"--prompt={s.prompt}", f"--repeats={s.repeats}",
-          f"--loop={s.loop}", f"--tp={s.tp}", f"--seed={s.seed}",
+          f"--loop={s.loop}", f"--tp={s.tp}", f"--seed={s.seed}", f"--attn={s.attn}",
           f"--json={out_json}", "--noplot", f"--autotune_cache={AUTOTUNE_CACHE.value}"]
 
 
@@ -807,7 +813,7 @@ def settings_from_flags(gpu: bool, n_gpus: int = 0) -> Settings:
       flag_batches=_ints(FLAG_BATCHES.value, "flag_batches"), tokens=TOKENS.value,
       chunk=CHUNK.value, prompt=PROMPT.value, repeats=REPEATS.value, loop=LOOP.value,
       tp=TP.value, seed=SEED.value, flag_timeout=FLAG_TIMEOUT.value,
-      shard_of=shard_of)
+      shard_of=shard_of, attn=ATTN.value)
 
 
 def main() -> int:

@@ -215,7 +215,10 @@ class Step:
     glu: "inrow" (gate, up and the sum of squares in one variadic
       reduction; needs mv "reduce") or "apart" (one product of [gate; up]).
     attn: decode attention (one position) as "reduce" (products and
-      reductions) or "dot" (two batched matrix products).
+      reductions), "dot" (two batched matrix products) or "pallas" (the
+      cache update, the scores, the softmax and V in one Pallas kernel that
+      reads the cache only up to the position, attention.py; needs kv
+      "fused"; Pallas's interpreter off GPUs).
     kv: "fused" (one cache per layer, K and V side by side in its minor
       dimension: one update per layer) or "split" (a K and a V cache).
     head: the LM head's product as "mv" (like the layers', with the sum of
@@ -267,6 +270,11 @@ class Model:
     self.h_loc, self.kv_loc, self.f_loc = (cfg.n_heads // tp, cfg.n_kv_heads // tp,
                                            cfg.d_ff // tp)
     self.param_specs = self._map(lambda leaf: leaf.spec)
+
+  @property
+  def _pallas_interpret(self) -> bool:
+    """Pallas kernels run in Pallas's interpreter off GPUs."""
+    return self.mesh.devices.flat[0].platform != "gpu"
 
   # -- parameters ---------------------------------------------------------
   def _map(self, fn):
@@ -401,7 +409,16 @@ class Model:
     positions = pos + jnp.arange(t, dtype=jnp.int32)
     q, k = self._rope(q, positions).astype(DTYPE), self._rope(k, positions)
     k, v = k.astype(DTYPE).transpose(0, 2, 1, 3), v.astype(DTYPE).transpose(0, 2, 1, 3)
-    if st.kv == "fused":
+    if st.attn == "pallas" and t == 1:
+      if st.kv != "fused":
+        raise ValueError('Step(attn="pallas") needs kv="fused" (one cache per layer)')
+      import attention  # pylint: disable=g-import-not-at-top
+      (kv,) = cache
+      o, kv = attention.decode_attention(q.reshape(b, kl, g, hd), k, v, kv, pos,
+                                         interpret=self._pallas_interpret)
+      cache = (kv,)
+      o = o.reshape(b * t, hl * hd)
+    elif st.kv == "fused":
       (kv,) = cache
       kv = lax.dynamic_update_slice(kv, jnp.concatenate([k, v], -1), (0, 0, pos, 0))
       cache = (kv,)
@@ -411,7 +428,9 @@ class Model:
       kc = lax.dynamic_update_slice(kc, k, (0, 0, pos, 0))
       vc = lax.dynamic_update_slice(vc, v, (0, 0, pos, 0))
       cache = (kc, vc)
-    if st.attn == "reduce" and t == 1:
+    if st.attn == "pallas" and t == 1:
+      pass  # o and the cache from the kernel above
+    elif st.attn == "reduce" and t == 1:
       # Each KV head's query group against the whole cache (masked beyond
       # pos): the scores in one reduction over hd, the softmax and the sum
       # of V over the positions in the next (XLA fuses them).
