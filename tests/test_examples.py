@@ -93,8 +93,50 @@ def _tp_model():
     yield model, hlo_check
   finally:
     sys.path.remove(str(EXAMPLE))
-    for name in ("hlo_check", "model"):
+    for name in ("hlo_check", "model", "attention"):
       sys.modules.pop(name, None)
+
+
+def test_pallas_decode_attention_against_float64(tp_model):
+  """attention.decode_attention (Pallas's interpreter) over caches of
+  several 32-position blocks, at positions 0, inside the first block, at a
+  block's edge and the last: the cache comes back with exactly the new
+  position written, and the output is float64 attention over positions
+  0 .. pos within one bfloat16 rounding; a stale NaN past pos changes
+  nothing."""
+  model, _ = tp_model
+  import attention  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  del model
+  rng = np.random.default_rng(4)
+  b, kl, g, hd, length = 2, 2, 4, 64, 100
+  bf = jnp.bfloat16
+  q = jnp.asarray(rng.standard_normal((b, kl, g, hd)), bf)
+  k = jnp.asarray(rng.standard_normal((b, kl, 1, hd)), bf)
+  v = jnp.asarray(rng.standard_normal((b, kl, 1, hd)), bf)
+  base = rng.standard_normal((b, kl, length, 2 * hd)).astype(np.float32)
+  fn = jax.jit(lambda *a: attention.decode_attention(*a, interpret=True))
+  for pos in (0, 5, 31, 32, 33, 64, length - 1):
+    cache = base.copy()
+    if pos + 1 < length:
+      cache[:, :, pos + 1, hd:] = np.nan  # a stale row past the position
+    o, new = fn(q, k, v, jnp.asarray(cache, bf), jnp.int32(pos))
+    want_cache = np.asarray(jnp.asarray(cache, bf)).astype(np.float32)
+    want_cache[:, :, pos, :hd] = np.asarray(k, np.float32)[:, :, 0]
+    want_cache[:, :, pos, hd:] = np.asarray(v, np.float32)[:, :, 0]
+    got = np.asarray(new).astype(np.float32)
+    assert np.array_equal(got, want_cache, equal_nan=True), pos
+    keys = want_cache[:, :, :pos + 1, :hd].astype(np.float64)
+    vals = want_cache[:, :, :pos + 1, hd:].astype(np.float64)
+    s = np.einsum("bkgd,bksd->bkgs", np.asarray(q).astype(np.float64), keys) * hd ** -0.5
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("bkgs,bksd->bkgd", p / p.sum(-1, keepdims=True), vals)
+    err = np.abs(np.asarray(o).astype(np.float64) - want)
+    assert np.isfinite(np.asarray(o).astype(np.float32)).all(), pos
+    # bfloat16's rounding of the output: half an ulp, 2^-9 relative, plus slack.
+    assert (err <= 2.0 ** -8 * np.maximum(np.abs(want), 1.0)).all(), (pos, err.max())
 
 
 def test_decode_matches_prefill_and_cache_is_updated_in_place(tp_model):

@@ -60,8 +60,13 @@ def _kernel(pos_ref, q_ref, k_ref, v_ref, cache_ref, o_ref, cache_out_ref, *, hd
                    other=0.0).astype(jnp.float32)  # (block, hd)
     v = plgpu.load(cache_ref.at[pl.ds(start, block), pl.ds(hd, hd)], mask=inside[:, None],
                    other=0.0).astype(jnp.float32)
+    before = idx < pos
+    # Rows at and past pos hold no key of this sequence yet: their weights
+    # are 0, and their values are set to 0 so that no stale NaN or inf
+    # reaches the sum (0 x NaN is NaN).
+    v = jnp.where(before[:, None], v, 0.0)
     s = jnp.sum(q[:, None, :] * k[None, :, :], -1) * scale  # (G, block)
-    s = jnp.where((idx < pos)[None, :], s, -jnp.inf)
+    s = jnp.where(before[None, :], s, -jnp.inf)
     m_new = jnp.maximum(m, jnp.max(s, -1))
     c = jnp.exp(m - m_new)
     p = jnp.exp(s - m_new[:, None])

@@ -369,12 +369,14 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
     # The fused step form: the same weights and prefilled cache.
     mf = model_lib.build(cfg, mesh, b, max_len, model_lib.Step(norm="fused", attn=s.attn))
     tok0, cache0 = _batch_of(seqs, b, mesh)
-    workload = f"{name} batch {b}" + (f", one TP={s.shard_of} shard" if s.shard_of else "")
+    workload = (f"{name} batch {b}" + (f", one TP={s.shard_of} shard" if s.shard_of else "")
+                + (f", attn {s.attn}" if s.attn != "reduce" else ""))
     common = {"world_size": m.tp, "dtype": "bfloat16", "metric": "itl_us",
               "workload": workload, "preset": name, "batch": b, "tokens": s.tokens,
               "chunk": s.chunk, "prompt": s.prompt, "loop": s.loop, "repeats": s.repeats}
     if s.shard_of:
       common["shard_of"] = s.shard_of
+    common["attn"] = s.attn
     timed = [i for i in impls if i in fns]
     decs = {}
     for impl in timed:

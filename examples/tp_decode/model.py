@@ -76,6 +76,8 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+import attention  # this folder's: the Pallas decode attention of Step(attn="pallas")
+
 PsumFn = Callable[[jax.Array, str], jax.Array]
 # add_norm(partial, residual, weight, axis_name, eps) -> (normed, new_residual):
 # the all-reduce of a block's partial output, the residual add and the next
@@ -262,6 +264,8 @@ class Model:
                step: Step = Step()):
     self.cfg, self.mesh, self.batch, self.max_len = cfg, mesh, batch, max_len
     self.step = step
+    if step.attn == "pallas" and step.kv != "fused":
+      raise ValueError('Step(attn="pallas") needs kv="fused" (one cache per layer)')
     self.tp = tp = mesh.shape["tp"]
     if cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.d_ff % tp or cfg.vocab % tp:
       raise ValueError(f"tensor-parallel size {tp} must divide the heads "
@@ -410,9 +414,6 @@ class Model:
     q, k = self._rope(q, positions).astype(DTYPE), self._rope(k, positions)
     k, v = k.astype(DTYPE).transpose(0, 2, 1, 3), v.astype(DTYPE).transpose(0, 2, 1, 3)
     if st.attn == "pallas" and t == 1:
-      if st.kv != "fused":
-        raise ValueError('Step(attn="pallas") needs kv="fused" (one cache per layer)')
-      import attention  # pylint: disable=g-import-not-at-top
       (kv,) = cache
       o, kv = attention.decode_attention(q.reshape(b, kl, g, hd), k, v, kv, pos,
                                          interpret=self._pallas_interpret)

@@ -17,19 +17,22 @@ background made those tests up to five times slower: benchmarks/NOTES.md).
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 
 import fault_cases
 
 
 class Background:
-  """The background work of one session."""
+  """The background work of one session: the fault cases of `names` (every
+  one when None)."""
 
-  def __init__(self):
+  def __init__(self, names=None):
+    self._stop = threading.Event()
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    self._faults = self._pool.submit(fault_cases.run_every_case)
+    self._faults = self._pool.submit(fault_cases.run_every_case, names, self._stop)
 
   def fault_rows(self) -> dict:
-    """Every fault case's rows (fault_cases.run_every_case), once they ran."""
+    """The fault cases' rows (fault_cases.run_every_case), once they ran."""
     return self._faults.result()
 
   def faults_done(self) -> None:
@@ -38,4 +41,7 @@ class Background:
     concurrent.futures.wait([self._faults])
 
   def close(self) -> None:
+    """Starts no further child and waits for the one running (an
+    interrupted or failed session does not wait for the rest)."""
+    self._stop.set()
     self._pool.shutdown(wait=True, cancel_futures=True)

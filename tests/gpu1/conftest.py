@@ -67,25 +67,30 @@ def pytest_configure(config):
 LAST = ("test_faults_loopback.py", "test_sanitize.py")
 
 
+def _last(item) -> int:
+  path = pathlib.Path(str(item.fspath))
+  return LAST.index(path.name) + 1 if path.parent == HERE and path.name in LAST else 0
+
+
 def pytest_collection_modifyitems(config, items):
+  del config
   suite_setup.mark_suite(items, HERE, pytest.mark.one_gpu, SKIP_REASON)
-  def last(item):
-    path = pathlib.Path(str(item.fspath))
-    return LAST.index(path.name) + 1 if path.parent == HERE and path.name in LAST else 0
-  items.sort(key=last)  # stable: every other test keeps its place
-  config.llar_background = {name: any(last(i) == k + 1 for i in items)
-                            for k, name in enumerate(LAST)} if SKIP_REASON is None else {}
+  items.sort(key=_last)  # stable: every other test keeps its place
 
 
 @pytest.fixture(name="background", scope="session", autouse=True)
 def _background(request):
-  """The session's background work (background.py), started before the
-  first test when the fault tests were selected; None otherwise."""
-  if not getattr(request.config, "llar_background", {}).get(LAST[0]):
+  """The session's background work (background.py): the fault cases of the
+  fault tests that were selected (the session's items, after -k and -m),
+  started before the first test; None when none was, or the suite cannot
+  run here."""
+  names = {item.callspec.params["name"] for item in request.session.items
+           if _last(item) == 1 and hasattr(item, "callspec")}
+  if SKIP_REASON is not None or not names:
     yield None
     return
   import background  # pylint: disable=g-import-not-at-top
-  bg = background.Background()
+  bg = background.Background(names)
   try:
     yield bg
   finally:

@@ -61,22 +61,24 @@ MISPAIRED = {
 }
 
 
-def run_all(specs):
+def run_all(specs, stop=None):
   """Every case of every spec, each in its child, one at a time; returns
-  {name: rows}, rows in case order."""
+  {name: rows}, rows in case order. With `stop` (a threading.Event) set, no
+  further child starts (the rows so far are returned)."""
   out = {}
   for name, (s, fault) in specs.items():
     assert not lh.validate(s), (name, lh.validate(s))
     out[name] = []
     for case, reason in lh.cases(s):
       assert reason is None, (name, case, reason)
+      if stop is not None and stop.is_set():
+        return out
       out[name].append(lh.run_fault_case(s, case, **fault))
   return out
 
 
-
-
-def run_every_case():
-  """Both families, every case one at a time: ``{"skipped": {name: rows},
-  "mispaired": {name: rows}}``."""
-  return {"skipped": run_all(SKIPS), "mispaired": run_all(MISPAIRED)}
+def run_every_case(names=None, stop=None):
+  """Both families' cases (of the spec `names` given, else every one), one
+  at a time: ``{"skipped": {name: rows}, "mispaired": {name: rows}}``."""
+  pick = lambda specs: {n: v for n, v in specs.items() if names is None or n in names}
+  return {"skipped": run_all(pick(SKIPS), stop), "mispaired": run_all(pick(MISPAIRED), stop)}
