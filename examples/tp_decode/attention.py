@@ -96,6 +96,11 @@ def decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, cache: jax.Array,
   Raises:
     ValueError: shapes that do not match, or G and hd not powers of two
       (Triton's block shapes).
+
+  Example (one sequence, 2 KV heads of 4 queries, head dimension 64, a
+  cache of 128 positions, the new one at position 10)::
+
+    o, cache = decode_attention(q, k, v, cache, jnp.int32(10))
   """
   b, kl, g, hd = q.shape
   length = cache.shape[2]

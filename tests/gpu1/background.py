@@ -1,17 +1,14 @@
 """What the one-GPU suite runs in the background from the session's start
 (a test seam of the suite, started by conftest.py's `background` fixture):
-the fault cases' child processes (fault_cases.py), one at a time.
+the selected fault tests' child processes (fault_cases.py), one at a time.
 
-A fault child spends most of its 6 s outside the GPU (starting Python, JAX
-and a CUDA context) and the rest in one bounded wait that times out, so it
-runs beside the in-process tests, which never trap; the fault tests run
-last (conftest.py orders them) and wait for the rows. What never runs at
-the same time: two trapping processes (the children run one at a time, and
-the sanitizer's cross-section, whose fault unit traps, starts after the last
-child has ended: with trapping processes side by side on one H200 the
-others' bounded waits ended tens of seconds late), and sanitized runs
-beside the in-process tests (the cross-section's clean runs in the
-background made those tests up to five times slower: benchmarks/NOTES.md).
+Rules: a fault child runs beside the in-process tests, whose kernels never
+trap, and the fault tests run last (conftest.py orders them) and wait for
+the rows; two trapping processes never run at once (the children run one
+after another, and the sanitizer's cross-section, whose fault unit traps,
+starts only after the last child has ended); no sanitized run goes in the
+background (it time-slices the GPU with the in-process tests). What each
+rule was measured against: benchmarks/NOTES.md.
 """
 
 from __future__ import annotations
