@@ -93,12 +93,15 @@ def bitwise_equal(a: np.ndarray, b: np.ndarray, canonical_nans: bool = False) ->
 
 
 def random_array(rng: np.random.Generator, shape, dtype) -> np.ndarray:
-  """Standard-normal data of `shape` in `dtype`, rounded through float32
-  (never all zeros: the input rule of benchmarks/METHOD.md); for int32,
-  integers over the whole range (sums wrap)."""
+  """Standard-normal data of `shape` in `dtype`, drawn in float32 and
+  rounded once to `dtype` (never all zeros: the input rule of
+  benchmarks/METHOD.md); for int32, integers over the whole range (sums
+  wrap). One call of a shape draws what consecutive calls of its rows would
+  (the generator's stream, in C order)."""
   if np.dtype(dtype) == np.dtype(np.int32):
-    return rng.integers(-2**31, 2**31, size=shape, dtype=np.int64).astype(np.int32)
-  return rng.standard_normal(shape).astype(np.float32).astype(dtype)
+    return rng.integers(-2**31, 2**31, size=shape, dtype=np.int32)
+  x = rng.standard_normal(shape, dtype=np.float32)
+  return x if np.dtype(dtype) == np.dtype(np.float32) else x.astype(dtype)
 
 
 # --- the rule of a non-deterministic (atomic) sum -----------------------------------

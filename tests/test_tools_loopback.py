@@ -604,3 +604,49 @@ def test_cli_refuses_a_signature_fault_it_cannot_detect():
   assert p.returncode == 1 and "carries no call signature" in p.stdout, p.stdout
   p = _cli("--swap_signature_rank=1", "--skip_rank=0")
   assert p.returncode == 1 and "one fault at a time" in p.stdout, p.stdout
+
+
+def test_run_cases_checks_ran_cases_in_threads_and_keeps_case_order(capsys):
+  """A `Ran` case's check runs in a worker thread while the next cases run
+  (two checks wait at a barrier that only both lift); the rows and lines
+  keep the case order; a check's ValueError is that case's error row; a
+  lost context after deferred cases still stops the later ones."""
+  import threading  # pylint: disable=g-import-not-at-top
+  barrier = threading.Barrier(2, timeout=30)
+
+  def check(i):
+    if i in (0, 1):
+      barrier.wait()  # raises BrokenBarrierError unless both checks run at once
+    if i == 2:
+      raise ValueError("bad outputs")
+    return {"status": "pass", "i": i}
+
+  def items():
+    for i in range(5):
+      if i == 3:
+        go = lambda: {"status": "fail", "i": 3, "cuda_error": "cudaErrorLaunchFailure"}
+      else:
+        go = lambda i=i: lh.Ran({"i": i}, lambda i=i: check(i))
+      yield {"status": "error", "i": i}, None, go, f"case {i}"
+
+  rows = lh.run_cases(items(), lambda r: f"row {r['i']} {r['status']}", check_threads=2)
+  assert [(r["i"], r["status"]) for r in rows] == [
+      (0, "pass"), (1, "pass"), (2, "error"), (3, "fail"), (4, "not_run")]
+  assert "bad outputs" in rows[2]["reason"] and "case 3" in rows[4]["reason"]
+  printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("row")]
+  assert printed == ["row 0 pass", "row 1 pass", "row 2 error", "row 3 fail"]
+
+
+def test_a_deferred_case_checks_as_an_immediate_one():
+  """run_case(defer=True)'s finish() gives the row run_case gives at once,
+  for a correct case and for a corrupted one."""
+  s = dataclasses.replace(SMALL, worlds=(3,), dtypes=("bfloat16",), sizes=(100,),
+                          start_epochs=(0,))
+  case = lh.Case(3, "bfloat16", 100)
+  for corrupt in (None, (1, 2, 7)):
+    now = lh.run_case(FakeNative(corrupt=corrupt), s, case, np.random.default_rng(3))
+    later = lh.run_case(FakeNative(corrupt=corrupt), s, case, np.random.default_rng(3),
+                        defer=True)
+    assert isinstance(later, lh.Ran)
+    assert json.dumps(later.finish(), sort_keys=True) == json.dumps(now, sort_keys=True)
+    assert now["status"] == ("pass" if corrupt is None else "fail")

@@ -8,10 +8,12 @@ a one-block row (1 x 64, the launch shape whose cluster operations the
 sanitizer once reported as invalid) and a multi-block row cluster (2 x 2048),
 with both weight dtypes; the one-shot LL at an odd size, a block edge and
 past the 64-block rule; the two-shot LL128 at one element, a line edge and
-several chunks; and a rank left out of a call under memcheck and synccheck,
-whose trap is expected (the unit passes when its report is the bounded
-wait's and the sanitizer reports no defect beside it). The whole matrix is the sanitize stage's
-(``scripts/gpu_run.sh sanitize``).
+several chunks; and a rank left out of a call under memcheck, whose trap
+is expected (the unit passes when its report is the bounded wait's and the
+sanitizer reports no defect beside it). The 12 clean runs start at once
+(sanitize.SMALL_JOBS), without the tool's probe of the extension (this
+suite's skip reason has loaded it). The whole matrix, its fault units under
+synccheck too, is the sanitize stage's (``scripts/gpu_run.sh sanitize``).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ def test_the_cross_section_is_clean_under_every_tool(background, tmp_path):
     background.faults_done()
   path = tmp_path / "sanitize.json"
   p = subprocess.run([sys.executable, "-m", "jax_llar.tools.sanitize", "--matrix=small",
-                      f"--json={path}"], cwd=ROOT, capture_output=True, text=True,
-                     timeout=900)
+                      f"--jobs={sanitize.SMALL_JOBS}", "--noprobe", f"--json={path}"],
+                     cwd=ROOT, capture_output=True, text=True, timeout=900)
   tail = (p.stdout + p.stderr)[-6000:]
   assert path.exists(), tail
   rows = json.loads(path.read_text())["rows"]

@@ -52,6 +52,7 @@ in a child process too.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import functools
@@ -545,10 +546,8 @@ def make_inputs(rng: np.random.Generator, case: Case, sets: int,
   """Input sets of `case`, shape (sets, world, n_elems): random data, with
   `specials` the special columns in set 1 (set 0 when there is one), and
   with `nan_patterns` (float dtypes, sets >= 3) `nan_pattern_set` in set 2."""
-  x = np.empty((sets, case.world, case.n_elems), case.np_dtype)
-  for k in range(sets):  # the draws in set, then rank order
-    for r in range(case.world):
-      x[k, r] = testing.random_array(rng, (case.n_elems,), case.np_dtype)
+  # One draw: in set, then rank order (testing.random_array).
+  x = testing.random_array(rng, (sets, case.world, case.n_elems), case.np_dtype)
   if specials:
     k = 1 if sets > 1 else 0
     x[k] = special_set(rng, x[k])
@@ -776,12 +775,33 @@ def _reported(records: Sequence[dict]) -> list[dict]:
   return [dict(r) for r in records if r.get("code")]
 
 
-def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator) -> dict:
+@dataclasses.dataclass
+class Ran:
+  """A case that ran on the device and whose outputs are still to be
+  checked: `finish()` checks them (host work only: numpy over the inputs and
+  outputs the case holds; it touches neither the device nor the random
+  generator) and returns the case's row."""
+  row: dict
+  finish: Callable[[], dict]
+
+
+def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator, *,
+             defer: bool = False) -> dict | Ran:
   """Runs one case on the native harness and checks it.
 
+  Args:
+    mod: the native tools module (or a stand-in with its two functions).
+    s, case: what to run.
+    rng: the inputs' random generator (drawn here, in the caller's thread).
+    defer: return the check undone, as a `Ran`, for a case that ran to its
+      end on the device (`run_cases` checks it in a worker thread while the
+      next case runs); a case that did not run (skipped, a CUDA error) is
+      returned as its row either way.
+
   Returns:
-    The case's row: impl, world_size, dtype, bytes_per_rank, start_epoch,
-    calls, calls_checked, kernel, sync, status ("pass", "fail", "skipped" or
+    The case's row (or, with `defer`, a `Ran` whose finish() returns it):
+    impl, world_size, dtype, bytes_per_rank, start_epoch, calls,
+    calls_checked, kernel, sync, status ("pass", "fail", "skipped" or
     "error"), correct, plan, and as they apply first_mismatch, reason,
     cuda_error, records (the ranks' non-empty error records),
     epoch_mismatch, seconds (the harness's wall time, not a speed).
@@ -841,6 +861,17 @@ def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator) -> dic
     row["failed_call"] = r["failed_call"]
     row["deadline_exceeded"] = r["deadline_exceeded"]
     return row
+  # The second algorithm runs here too: every device run of a case ends
+  # before run_case returns (a deferred check runs beside the next case).
+  other = None if s.bitwise_against is None else _run_other(mod, s, case, raw, code, keep)
+  check = functools.partial(_check_case, s, case, keep, inputs, r, other, records, row)
+  return Ran(row, check) if defer else check()
+
+
+def _check_case(s: Settings, case: Case, keep: int, inputs: np.ndarray, r: dict,
+                other: dict | None, records: list[dict], row: dict) -> dict:
+  """The checks of a case that ran (`run_case`; `other`: the bitwise_against
+  algorithm's run): fills and returns its row."""
   outputs = np.asarray(r["outputs"]).view(case.np_dtype)
   row["check"] = check_mode(s.algorithm)
   if row["check"] == ATOMIC_SUM:
@@ -860,24 +891,30 @@ def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator) -> dic
   if s.canonical_nan:
     row["non_canonical_nans"] = non_canonical_nans(outputs)
     ok = ok and row["non_canonical_nans"] == 0
-  if s.bitwise_against is not None:
-    ok = _check_bitwise(mod, s, case, raw, code, keep, inputs, outputs, r, row) and ok
+  if other is not None:
+    ok = _check_bitwise(s, case, inputs, outputs, r, other, row) and ok
   row["status"] = "pass" if ok else "fail"
   row["correct"] = ok
   return row
 
 
-def _check_bitwise(mod: Any, s: Settings, case: Case, raw: np.ndarray, code: int, keep: int,
-                   inputs: np.ndarray, outputs: np.ndarray, r: dict, row: dict) -> bool:
+def _run_other(mod: Any, s: Settings, case: Case, raw: np.ndarray, code: int,
+               keep: int) -> dict:
   """Runs s.bitwise_against on the same inputs and calls (its production
-  launcher, synchronised as `s` says) and compares the outputs byte for
-  byte; fills the row's bitwise_* fields. True when they are equal."""
+  launcher, synchronised as `s` says); returns the native harness's result."""
   other_id = int(algorithms.Algorithm.from_short_name(s.bitwise_against))
-  o = mod.loopback(raw, code, s.calls, sync=s.sync, keep=keep, algorithm=other_id,
-                   timeout_ms=float(s.timeout_ms), start_epoch=case.start_epoch,
-                   misalign=s.misalign, ordinal=s.device,
-                   **signature_kwargs({"signatures": s.signatures,
-                                       "signature_seed": s.signature_seed}))
+  return mod.loopback(raw, code, s.calls, sync=s.sync, keep=keep, algorithm=other_id,
+                      timeout_ms=float(s.timeout_ms), start_epoch=case.start_epoch,
+                      misalign=s.misalign, ordinal=s.device,
+                      **signature_kwargs({"signatures": s.signatures,
+                                          "signature_seed": s.signature_seed}))
+
+
+def _check_bitwise(s: Settings, case: Case, inputs: np.ndarray, outputs: np.ndarray, r: dict,
+                   o: dict, row: dict) -> bool:
+  """Compares the outputs with s.bitwise_against's run `o` (`_run_other`)
+  byte for byte; fills the row's bitwise_* fields. True when they are
+  equal."""
   row["bitwise_against"] = s.bitwise_against
   if o["cuda_error"] is not None:
     row["bitwise_error"] = o["cuda_error"]
@@ -1247,19 +1284,26 @@ def _line(row: dict) -> str:
   return head + status + detail
 
 
-def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
+# Threads that check in-process cases' outputs (`run_cases`) while the next
+# case runs on the device.
+CHECK_THREADS = max(1, min(8, os.cpu_count() or 1))
+
+
+def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict | Ran], str]],
               line: Callable[[dict], str], *, in_process: bool = True,
-              total: int | None = None, jobs: int = 1) -> list[dict]:
+              total: int | None = None, jobs: int = 1,
+              check_threads: int = CHECK_THREADS) -> list[dict]:
   """Runs loopback cases, printing `line(row)` for each in case order, and,
   with `total` (the number of cases), a progress line with the time left
   about every twentieth of them.
 
   Args:
     items: per case (base row, reason to skip it or None, a function that
-      runs it and returns its row, a label for messages). A run that raises
-      ValueError or RuntimeError gives an "error" row; in process, a
-      RuntimeError (a failed set-up) or a row with a ``cuda_error`` (a lost
-      CUDA context) makes every later case a "not_run" row that says why.
+      runs it and returns its row or a `Ran` (`run_case`'s defer), a label
+      for messages). A run or a check that raises ValueError or RuntimeError
+      gives an "error" row; in process, a RuntimeError of a run (a failed
+      set-up) or a row with a ``cuda_error`` (a lost CUDA context) makes
+      every later case a "not_run" row that says why.
     line: a row's line.
     in_process: the cases run in this process; False when each runs in a
       child (fault mode), whose lost context leaves this one intact.
@@ -1267,7 +1311,11 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
       each with a CUDA context of its own that the GPU time-slices. Keep it
       at 1 for cases that trap: on one H200, eight trapping children at once
       made each other's bounded waits end tens of seconds late or not by the
-      host's deadline. In process the cases always run one at a time.
+      host's deadline. In process the cases always run one at a time on the
+      device.
+    check_threads: in process, the threads that check `Ran` cases while
+      the next cases run (at most twice as many cases wait for their check;
+      the rows still come in case order).
 
   Returns:
     The rows, one per case, in case order.
@@ -1283,13 +1331,23 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
     if progress is not None and (len(rows) % every == 0 or len(rows) == total):
       progress.step(n=len(rows) - progress.done)
 
-  def attempt(base: dict, go: Callable[[], dict]) -> tuple[dict, str | None]:
-    """The case's row, and why later in-process cases cannot run (or None)."""
+  def error_row(base: dict, e: Exception) -> dict:
+    return base | {"status": "error", "reason": f"{type(e).__name__}: {e}"}
+
+  def attempt(base: dict, go: Callable[[], dict | Ran]) -> tuple[dict | Ran, str | None]:
+    """The case's row (or Ran), and why later in-process cases cannot run
+    (or None)."""
     try:
       return go(), None
     except (ValueError, RuntimeError) as e:
       broken = f"an earlier case failed to set up ({e})" if isinstance(e, RuntimeError) else None
-      return base | {"status": "error", "reason": f"{type(e).__name__}: {e}"}, broken
+      return error_row(base, e), broken
+
+  def finish(base: dict, case: Ran) -> dict:
+    try:
+      return case.finish()
+    except (ValueError, RuntimeError) as e:
+      return error_row(base, e)
 
   if not in_process and jobs > 1:
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -1301,18 +1359,33 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict], str]],
     return rows
 
   broken = None  # why the CUDA context can no longer be used (in process)
-  for base, reason, go, label in items:
-    if reason is not None:
-      row = base | {"status": "skipped", "reason": reason}
-    elif broken is not None:
-      row = base | {"status": "not_run", "reason": broken}
-    else:
-      row, failed = attempt(base, go)
-      if in_process:
-        broken = failed
-        if row.get("cuda_error"):
-          broken = f"the CUDA context was lost in an earlier case ({label}: {row['cuda_error']})"
-    ran(row)
+  # Rows and checks under way, in case order; a head that is done is printed.
+  waiting: collections.deque = collections.deque()
+  with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, check_threads)) as pool:
+
+    def flush(most: int) -> None:
+      while waiting and (len(waiting) > most or not isinstance(waiting[0], concurrent.futures.Future)
+                         or waiting[0].done()):
+        head = waiting.popleft()
+        ran(head.result() if isinstance(head, concurrent.futures.Future) else head)
+
+    for base, reason, go, label in items:
+      if reason is not None:
+        row = base | {"status": "skipped", "reason": reason}
+      elif broken is not None:
+        row = base | {"status": "not_run", "reason": broken}
+      else:
+        row, failed = attempt(base, go)
+        if isinstance(row, Ran):
+          row = pool.submit(finish, base, row)
+        elif in_process:
+          broken = failed
+          if row.get("cuda_error"):
+            broken = (f"the CUDA context was lost in an earlier case ({label}: "
+                      f"{row['cuda_error']})")
+      waiting.append(row)
+      flush(2 * max(1, check_threads))
+    flush(0)
   if broken is not None:
     print(f"stopped: {broken}; {sum(r['status'] == 'not_run' for r in rows)} case(s) "
           "not run", flush=True)
@@ -1360,7 +1433,7 @@ def run(s: Settings, skip_rank: int = -1, skip_call: int = 0, *,
       elif faulty:
         go = functools.partial(run_fault_case, s, case, skip_rank, skip_call)
       else:
-        go = functools.partial(run_case, mod, s, case, rng)
+        go = functools.partial(run_case, mod, s, case, rng, defer=True)
       yield base, reason, go, f"W={case.world} {case.dtype} {case.n_bytes} B"
 
   rows = run_cases(items(), _line, in_process=not faulty, total=sum(1 for _ in cases(s)),
