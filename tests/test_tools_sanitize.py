@@ -191,3 +191,26 @@ def test_cli_errors_are_one_line_without_a_gpu(tmp_path):
   assert p.returncode == 1 and "needs one CUDA GPU" in p.stdout, p.stdout + p.stderr
   assert "Traceback" not in p.stdout + p.stderr
   assert not (tmp_path / "r.json").exists()
+
+
+def test_run_starts_the_slowest_tools_first_and_faults_last(monkeypatch):
+  """`run` starts the clean runs racecheck first, then initcheck, then
+  memcheck and synccheck; the fault units after every clean run, one at a
+  time; the rows come back in (unit, tool) order."""
+  started = []
+
+  def fake_run_unit(sanitizer, tool, unit, work, timeout_s):
+    del sanitizer, work, timeout_s
+    started.append((tool, unit.name))
+    return {"tool": tool, "unit": unit.name, "fault": unit.fault, "status": "pass",
+            "sanitizer_errors": 0, "defects": 0, "expected": 0, "cases": {"pass": 1},
+            "seconds": 0.0}
+
+  monkeypatch.setattr(sanitize, "run_unit", fake_run_unit)
+  rows = sanitize.run("cs", sanitize.TOOLS, sanitize.SMALL, jobs=1, unit_timeout_s=1.0)
+  clean = [u.name for u in sanitize.SMALL if not u.fault]
+  assert started == ([(t, u) for t in ("racecheck", "initcheck", "memcheck", "synccheck")
+                      for u in clean] + [("memcheck", "fault.skip.one_shot_ll")])
+  assert [(r["tool"], r["unit"]) for r in rows] == [
+      (t, u.name) for u in sanitize.SMALL for t in sanitize.TOOLS
+      if not u.tools or t in u.tools]
