@@ -1,8 +1,7 @@
 // What an LL128 kernel's thread starts from: the one-shot LL128's
-// (one_shot_ll128.cuh). The two-shot LL128 and its atomic variant compute
-// the same values in place; built on this struct their machine code changes
-// (the register allocation, not the instructions' meaning), so they adopt it
-// once the change is measured on the loopback harness (benchmarks/NOTES.md).
+// (one_shot_ll128.cuh), the two-shot LL128's (two_shot_ll128.cuh) and its
+// atomic variant's (two_shot_ll128_atomic.cuh), whose step geometry is
+// two_shot_steps.cuh's.
 //
 // Contract: constructed once, first thing in the kernel, by every thread of
 // the grid. It reads the warp's epoch counter (epoch.cuh: every lane reads
@@ -12,8 +11,7 @@
 // kLL128LanesPerLine lanes a line, the last one the flag lane). It stores
 // nothing. Its members are scalars only (the peers' addresses stay a
 // PeerScratch of the kernel's own), so that the construction inlines into
-// the kernel's registers: the kernels' machine code is that of computing
-// the same values in place (scripts/sass_record.py).
+// the kernel's registers.
 #ifndef LLAR_KERNELS_LL128_THREAD_CUH_
 #define LLAR_KERNELS_LL128_THREAD_CUH_
 

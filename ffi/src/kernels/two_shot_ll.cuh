@@ -96,6 +96,7 @@
 
 #include "kernels/kernel_table.cuh"
 #include "kernels/kernels.h"
+#include "kernels/two_shot_steps.cuh"
 #include "llar/args.h"
 #include "llar/epoch.cuh"
 #include "llar/ll.cuh"
@@ -155,21 +156,14 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
   const int rank = a.rank;
   const int block = blockIdx.x;
   const int t = threadIdx.x;
-  const uint32_t threads = blockDim.x;
   uint64_t* counter =
       a.epochs + (static_cast<unsigned>(block) * kMaxWarps + static_cast<unsigned>(t) / kWarpSize);
   const uint64_t epoch = LoadEpoch(counter);
   const PeerTable* pt = a.peers;
   char* own = internal::ScratchOf(pt, rank);
   const two_shot::Peers<kWorld> peer(pt, rank);
-
-  const uint32_t lines = (a.n_bytes + kPayloadBytesPerLine - 1) / kPayloadBytesPerLine;
-  const uint32_t per_block = a.lines_per_block;
-  const uint32_t first = static_cast<uint32_t>(block) * per_block;
-  const int steps = static_cast<int>((per_block + threads - 1) / threads);
+  const TwoShotSteps g(a, kPayloadBytesPerLine, blockDim.x, block, world, rank, epoch);
   const uint32_t flag = FlagOf(epoch, a.signature);
-  const int half = HalfOf(epoch);
-  const TwoShotChunk mine = TwoShotChunkOf(lines, world, rank);
 
   // Steps a thread handles together (kBatch) and whether the waits of phases
   // 2 and 3 are batched: for 2 ranks every step the region holds, loads
@@ -186,14 +180,14 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
   constexpr int kBatch = kWorld == 2 ? static_cast<int>(TwoShotMaxSteps(2)) : 1;
   // Line n = b * kPeers + k - 1 of a batch: step s0 + b, peer k.
   const auto index_of = [&](int s0, int n) {
-    return first + static_cast<uint32_t>(s0 + n / kPeers) * threads + t;
+    return g.first + static_cast<uint32_t>(s0 + n / kPeers) * g.slots + t;
   };
   const auto in_block = [&](int s0, int n) {
-    return static_cast<uint32_t>(s0 + n / kPeers) * threads + t < per_block;
+    return static_cast<uint32_t>(s0 + n / kPeers) * g.slots + t < g.per_block;
   };
 
   // 1. Reduce-scatter: line start(q) + i of the input to its owner q.
-  for (int s0 = 0; s0 < steps; s0 += kBatch) {
+  for (int s0 = 0; s0 < g.steps; s0 += kBatch) {
     if constexpr (kWorld > 0) {
       // Every load first, then every store: a store (volatile, ll.cuh) would
       // otherwise keep the next load from being issued before it.
@@ -201,7 +195,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
 #pragma unroll
       for (int n = 0; n < kBatch * kPeers; ++n) {
         const TwoShotChunk c =
-            TwoShotChunkOf(lines, kWorld, internal::PeerAt(rank, n % kPeers + 1, kWorld));
+            TwoShotChunkOf(g.lines, kWorld, internal::PeerAt(rank, n % kPeers + 1, kWorld));
         const uint32_t i = index_of(s0, n);
         v[n] = in_block(s0, n) && i < c.lines
                    ? LoadPayload(a.in, a.n_bytes, a.vector_lines, c.start + i)
@@ -212,21 +206,21 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
         const int k = n % kPeers + 1;
         const int q = internal::PeerAt(rank, k, kWorld);
         const uint32_t i = index_of(s0, n);
-        if (in_block(s0, n) && i < TwoShotChunkOf(lines, kWorld, q).lines) {
+        if (in_block(s0, n) && i < TwoShotChunkOf(g.lines, kWorld, q).lines) {
           StoreLine(peer(k, q) +
-                        TwoShotOffset(s0 + n / kPeers, half, kTwoShotReduceScatter, world, rank,
+                        TwoShotOffset(s0 + n / kPeers, g.half, kTwoShotReduceScatter, world, rank,
                                       block, t),
                     v[n], flag);
         }
       }
     } else {
-      const uint32_t j = static_cast<uint32_t>(s0) * threads + t;
-      if (j >= per_block) break;
-      const uint32_t i = first + j;
-      const uint32_t off = TwoShotOffset(s0, half, kTwoShotReduceScatter, world, rank, block, t);
+      const uint32_t j = static_cast<uint32_t>(s0) * g.slots + t;
+      if (j >= g.per_block) break;
+      const uint32_t i = g.first + j;
+      const uint32_t off = TwoShotOffset(s0, g.half, kTwoShotReduceScatter, world, rank, block, t);
       for (int k = 1; k < world; ++k) {
         const int q = internal::PeerAt(rank, k, world);
-        const TwoShotChunk c = TwoShotChunkOf(lines, world, q);
+        const TwoShotChunk c = TwoShotChunkOf(g.lines, world, q);
         if (i < c.lines) {
           StoreLine(peer(k, q) + off, LoadPayload(a.in, a.n_bytes, a.vector_lines, c.start + i),
                     flag);
@@ -241,33 +235,33 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
   // 2. Reduce this rank's chunk in rank order; keep it and send it to every
   // peer. The own lines of a batch are loaded, and the peers' lines of it
   // awaited (WaitLines), before the first sum.
-  for (int s0 = 0; s0 < steps; s0 += kBatch) {
+  for (int s0 = 0; s0 < g.steps; s0 += kBatch) {
     if constexpr (kBatchedWaits) {
       uint2 own_part[kBatch];
       uint32_t act = 0u;  // bit n: line n of the batch is in this rank's chunk
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const uint32_t i = index_of(s0, b * kPeers);
-        const bool on = in_block(s0, b * kPeers) && i < mine.lines;
+        const bool on = in_block(s0, b * kPeers) && i < g.mine.lines;
         own_part[b] =
-            on ? LoadPayload(a.in, a.n_bytes, a.vector_lines, mine.start + i) : uint2{0u, 0u};
+            on ? LoadPayload(a.in, a.n_bytes, a.vector_lines, g.mine.start + i) : uint2{0u, 0u};
 #pragma unroll
         for (int k = 1; k <= kPeers; ++k) act |= static_cast<uint32_t>(on) << (b * kPeers + k - 1);
       }
       const auto src_of = [&](int n) {
-        return own + TwoShotOffset(s0 + n / kPeers, half, kTwoShotReduceScatter, world,
+        return own + TwoShotOffset(s0 + n / kPeers, g.half, kTwoShotReduceScatter, world,
                                    internal::PeerAt(rank, n % kPeers + 1, kWorld), block, t);
       };
       const auto site_of = [&](int n) {
         return WaitSite{rank, internal::PeerAt(rank, n % kPeers + 1, kWorld), block,
-                        static_cast<int32_t>(mine.start + index_of(s0, n)), epoch};
+                        static_cast<int32_t>(g.mine.start + index_of(s0, n)), epoch};
       };
       uint2 got[kBatch * kPeers];
       WaitLines<kBatch * kPeers>(pt, src_of, act, flag, site_of, got);
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         if (!((act >> (b * kPeers)) & 1u)) continue;
-        const uint32_t line = mine.start + index_of(s0, b * kPeers);
+        const uint32_t line = g.mine.start + index_of(s0, b * kPeers);
         RankOrderSum<T, AccumulatorFor<T, kWorld>> sum;
 #pragma unroll
         for (int src = 0; src < kWorld; ++src) {
@@ -288,17 +282,17 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
         const uint2 reduced = sum.Result();
         StorePayload(a.out, a.n_bytes, a.vector_lines, line, reduced);
         const uint32_t off =
-            TwoShotOffset(s0 + b, half, kTwoShotAllGather, world, rank, block, t);
+            TwoShotOffset(s0 + b, g.half, kTwoShotAllGather, world, rank, block, t);
 #pragma unroll
         for (int k = 1; k < kWorld; ++k) {
           StoreLine(peer(k, internal::PeerAt(rank, k, kWorld)) + off, reduced, flag);
         }
       }
     } else {
-      const uint32_t j = static_cast<uint32_t>(s0) * threads + t;
-      const uint32_t i = first + j;
-      if (j >= per_block || i >= mine.lines) break;
-      const uint32_t line = mine.start + i;
+      const uint32_t j = static_cast<uint32_t>(s0) * g.slots + t;
+      const uint32_t i = g.first + j;
+      if (j >= g.per_block || i >= g.mine.lines) break;
+      const uint32_t line = g.mine.start + i;
       const uint2 own_part = LoadPayload(a.in, a.n_bytes, a.vector_lines, line);
       RankOrderSum<T, AccumulatorFor<T, kWorld>> sum;
 #pragma unroll kUnroll
@@ -306,14 +300,14 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
         uint2 p = own_part;
         if (src != rank) {
           p = WaitLine(pt,
-                       own + TwoShotOffset(s0, half, kTwoShotReduceScatter, world, src, block, t),
+                       own + TwoShotOffset(s0, g.half, kTwoShotReduceScatter, world, src, block, t),
                        flag, WaitSite{rank, src, block, static_cast<int32_t>(line), epoch});
         }
         sum.Add(src, p);
       }
       const uint2 reduced = sum.Result();
       StorePayload(a.out, a.n_bytes, a.vector_lines, line, reduced);
-      const uint32_t off = TwoShotOffset(s0, half, kTwoShotAllGather, world, rank, block, t);
+      const uint32_t off = TwoShotOffset(s0, g.half, kTwoShotAllGather, world, rank, block, t);
 #pragma unroll kUnroll
       for (int k = 1; k < world; ++k) {
         StoreLine(peer(k, internal::PeerAt(rank, k, world)) + off, reduced, flag);
@@ -323,10 +317,10 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
 
   // 3. All-gather: every peer's reduced chunk, into the output; the lines of
   // a batch awaited together.
-  for (int s0 = 0; s0 < steps; s0 += kBatch) {
+  for (int s0 = 0; s0 < g.steps; s0 += kBatch) {
     if constexpr (kBatchedWaits) {
       const auto chunk_of = [&](int n) {
-        return TwoShotChunkOf(lines, kWorld, internal::PeerAt(rank, n % kPeers + 1, kWorld));
+        return TwoShotChunkOf(g.lines, kWorld, internal::PeerAt(rank, n % kPeers + 1, kWorld));
       };
       uint32_t act = 0u;
 #pragma unroll
@@ -335,7 +329,7 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
                << n;
       }
       const auto src_of = [&](int n) {
-        return own + TwoShotOffset(s0 + n / kPeers, half, kTwoShotAllGather, world,
+        return own + TwoShotOffset(s0 + n / kPeers, g.half, kTwoShotAllGather, world,
                                    internal::PeerAt(rank, n % kPeers + 1, kWorld), block, t);
       };
       const auto site_of = [&](int n) {
@@ -352,24 +346,24 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLLKernel(const AllReduceAr
         }
       }
     } else {
-      const uint32_t j = static_cast<uint32_t>(s0) * threads + t;
-      if (j >= per_block) break;
-      const uint32_t i = first + j;
+      const uint32_t j = static_cast<uint32_t>(s0) * g.slots + t;
+      if (j >= g.per_block) break;
+      const uint32_t i = g.first + j;
 #pragma unroll kUnroll
       for (int k = 1; k < world; ++k) {
         const int q = internal::PeerAt(rank, k, world);
-        const TwoShotChunk c = TwoShotChunkOf(lines, world, q);
+        const TwoShotChunk c = TwoShotChunkOf(g.lines, world, q);
         if (i < c.lines) {
           const uint32_t line = c.start + i;
           const uint2 p =
-              WaitLine(pt, own + TwoShotOffset(s0, half, kTwoShotAllGather, world, q, block, t),
+              WaitLine(pt, own + TwoShotOffset(s0, g.half, kTwoShotAllGather, world, q, block, t),
                        flag, WaitSite{rank, q, block, static_cast<int32_t>(line), epoch});
           StorePayload(a.out, a.n_bytes, a.vector_lines, line, p);
         }
       }
     }
   }
-  if (MustRezero(epoch)) two_shot::RezeroSlots(own, half, world, block, t);
+  if (MustRezero(epoch)) two_shot::RezeroSlots(own, g.half, world, block, t);
 }
 
 // Host side (kernel_table.cuh): the row of Algorithm::kTwoShotLL on

@@ -71,6 +71,8 @@
 
 #include "kernels/kernel_table.cuh"
 #include "kernels/kernels.h"
+#include "kernels/ll128_thread.cuh"
+#include "kernels/two_shot_steps.cuh"
 #include "llar/args.h"
 #include "llar/epoch.cuh"
 #include "llar/ll128.cuh"
@@ -123,31 +125,20 @@ __device__ __forceinline__ void StoreUnits(const AllReduceArgs& a, uint32_t line
 template <typename T, int kWorld>
 __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduceArgs a) {
   constexpr int kUnroll = kWorld > 0 ? kWorld : 1;
-  const int world = kWorld > 0 ? kWorld : a.world;
-  const int rank = a.rank;
-  const int block = blockIdx.x;
-  const int t = threadIdx.x;
-  uint64_t* counter = a.epochs + (static_cast<unsigned>(block) * kMaxWarps +
-                                  static_cast<unsigned>(t) / kWarpSize);
-  const uint64_t epoch = LoadEpoch(counter);
-  const PeerTable* pt = a.peers;
-  char* own = internal::ScratchOf(pt, rank);
-  const PeerScratch<kWorld> peer(pt, rank, world);
-
-  const int slot = t / kLL128LanesPerLine;
-  const int part = LL128LaneInLine(t);
-  const bool flag_lane = IsLL128FlagLane(t);
-  const int first_unit = LL128FirstUnit(t);
-  const uint32_t part_offset = static_cast<uint32_t>(part) * kLL128PartBytes;
-  const uint32_t lines = (a.n_bytes + kLL128PayloadBytes - 1) / kLL128PayloadBytes;
-  const uint32_t per_block = a.lines_per_block;
-  const uint32_t slots = blockDim.x / kLL128LanesPerLine;  // line slots per step
-  const uint32_t first = static_cast<uint32_t>(block) * per_block;
-  const int steps = static_cast<int>((per_block + slots - 1) / slots);
-  const uint32_t flag = LL128Flag(epoch);
+  const LL128Thread<kWorld> th(a);
+  const PeerScratch<kWorld> peer(th.pt, th.rank, th.world);
+  const int first_unit = LL128FirstUnit(th.t);
+  const uint32_t part_offset = static_cast<uint32_t>(th.part) * kLL128PartBytes;
+  const TwoShotSteps g(a, kLL128PayloadBytes, blockDim.x / kLL128LanesPerLine, th.block,
+                       th.world, th.rank, th.epoch);
+  const uint32_t flag = LL128Flag(th.epoch);
   const uint32_t signature = a.signature;
-  const int half = HalfOf(epoch);
-  const TwoShotChunk mine = TwoShotChunkOf(lines, world, rank);
+  // The lane's part of its line slot in this rank's region: step s of
+  // `phase`, the line from rank `src`.
+  const auto own_part_of = [&](int s, int phase, int src) {
+    return th.own + TwoShotLL128Offset(s, g.half, phase, th.world, src, th.block, th.slot) +
+           part_offset;
+  };
   // Steps a thread handles together (kBatch) and whether the waits of phases
   // 2 and 3 are batched: for 2 ranks every step the region holds, loads
   // and waits alike (one pass); otherwise one step, its loads batched over
@@ -165,19 +156,19 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
   // 1. Reduce-scatter: line start(q) + i of the input to its owner q. A
   // thread's loads of kBatch steps are issued before their stores (one load
   // latency per batch, not per step).
-  for (int s0 = 0; s0 < steps; s0 += kBatch) {
+  for (int s0 = 0; s0 < g.steps; s0 += kBatch) {
     if constexpr (kWorld > 0) {
       two_shot_ll128::Units v[kBatch][kWorld - 1];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
-        const uint32_t j = static_cast<uint32_t>(s0 + b) * slots + slot;
-        const uint32_t i = first + j;
+        const uint32_t j = static_cast<uint32_t>(s0 + b) * g.slots + th.slot;
+        const uint32_t i = g.first + j;
 #pragma unroll
         for (int k = 1; k < kWorld; ++k) {
           const TwoShotChunk c =
-              TwoShotChunkOf(lines, kWorld, internal::PeerAt(rank, k, kWorld));
-          v[b][k - 1] = j < per_block && i < c.lines
-                            ? two_shot_ll128::LoadUnits(a, c.start + i, flag_lane, first_unit)
+              TwoShotChunkOf(g.lines, kWorld, internal::PeerAt(th.rank, k, kWorld));
+          v[b][k - 1] = j < g.per_block && i < c.lines
+                            ? two_shot_ll128::LoadUnits(a, c.start + i, th.flag_lane, first_unit)
                             : two_shot_ll128::Units{{0u, 0u}, {0u, 0u}};
         }
       }
@@ -185,55 +176,55 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int s = s0 + b;
-        const uint32_t j = static_cast<uint32_t>(s) * slots + slot;
-        const uint32_t i = first + j;
-        const uint32_t off =
-            TwoShotLL128Offset(s, half, kTwoShotReduceScatter, world, rank, block, slot) +
-            part_offset;
+        const uint32_t j = static_cast<uint32_t>(s) * g.slots + th.slot;
+        const uint32_t i = g.first + j;
+        const uint32_t off = TwoShotLL128Offset(s, g.half, kTwoShotReduceScatter, th.world, th.rank,
+                                                th.block, th.slot) +
+                             part_offset;
 #pragma unroll
         for (int k = 1; k < kWorld; ++k) {
-          const int q = internal::PeerAt(rank, k, kWorld);
-          if (j < per_block && i < TwoShotChunkOf(lines, kWorld, q).lines) {
+          const int q = internal::PeerAt(th.rank, k, kWorld);
+          if (j < g.per_block && i < TwoShotChunkOf(g.lines, kWorld, q).lines) {
             StoreLL128Part(peer(k) + off, v[b][k - 1].u0,
-                           flag_lane ? uint2{flag, signature} : v[b][k - 1].u1);
+                           th.flag_lane ? uint2{flag, signature} : v[b][k - 1].u1);
           }
         }
       }
     } else {
-      const uint32_t j = static_cast<uint32_t>(s0) * slots + slot;
-      const uint32_t i = first + j;
-      const uint32_t off =
-          TwoShotLL128Offset(s0, half, kTwoShotReduceScatter, world, rank, block, slot) +
-          part_offset;
-      for (int k = 1; k < world; ++k) {
-        const int q = internal::PeerAt(rank, k, world);
-        const TwoShotChunk c = TwoShotChunkOf(lines, world, q);
-        const bool act = j < per_block && i < c.lines;
+      const uint32_t j = static_cast<uint32_t>(s0) * g.slots + th.slot;
+      const uint32_t i = g.first + j;
+      const uint32_t off = TwoShotLL128Offset(s0, g.half, kTwoShotReduceScatter, th.world, th.rank,
+                                              th.block, th.slot) +
+                           part_offset;
+      for (int k = 1; k < th.world; ++k) {
+        const int q = internal::PeerAt(th.rank, k, th.world);
+        const TwoShotChunk c = TwoShotChunkOf(g.lines, th.world, q);
+        const bool act = j < g.per_block && i < c.lines;
         two_shot_ll128::Units v{{0u, 0u}, {0u, 0u}};
-        if (act) v = two_shot_ll128::LoadUnits(a, c.start + i, flag_lane, first_unit);
+        if (act) v = two_shot_ll128::LoadUnits(a, c.start + i, th.flag_lane, first_unit);
         __syncwarp();
-        if (act) StoreLL128Part(peer(k) + off, v.u0, flag_lane ? uint2{flag, signature} : v.u1);
+        if (act) StoreLL128Part(peer(k) + off, v.u0, th.flag_lane ? uint2{flag, signature} : v.u1);
       }
     }
   }
   // Every lane has read E; the counter is read again only by the next kernel.
   __syncwarp();
-  if (t % kWarpSize == 0) *counter = epoch + 1;
+  if (th.t % kWarpSize == 0) *th.counter = th.epoch + 1;
 
   // 2. Reduce this rank's chunk in rank order; keep it and send it to every
   // peer. Every lane runs every step (the waits are warp-collective); the
   // own parts of kBatch steps are loaded, and their peers' lines awaited,
   // together (WaitLL128Parts).
-  for (int s0 = 0; s0 < steps; s0 += kBatch) {
+  for (int s0 = 0; s0 < g.steps; s0 += kBatch) {
     two_shot_ll128::Units own_part[kBatch];
     uint32_t act = 0u;  // bit b: step s0 + b has a line of this rank's chunk
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      const uint32_t j = static_cast<uint32_t>(s0 + b) * slots + slot;
-      const uint32_t i = first + j;
-      const bool on = j < per_block && i < mine.lines;
+      const uint32_t j = static_cast<uint32_t>(s0 + b) * g.slots + th.slot;
+      const uint32_t i = g.first + j;
+      const bool on = j < g.per_block && i < g.mine.lines;
       act |= static_cast<uint32_t>(on) << b;
-      own_part[b] = on ? two_shot_ll128::LoadUnits(a, mine.start + i, flag_lane, first_unit)
+      own_part[b] = on ? two_shot_ll128::LoadUnits(a, g.mine.start + i, th.flag_lane, first_unit)
                        : two_shot_ll128::Units{{0u, 0u}, {0u, 0u}};
     }
     uint4 got[kBatch * kPeers];
@@ -243,34 +234,32 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
 #pragma unroll
       for (int n = 0; n < kBatch * kPeers; ++n) awaited |= ((act >> (n / kPeers)) & 1u) << n;
       const auto src_of = [&](int n) {
-        return own +
-               TwoShotLL128Offset(s0 + n / kPeers, half, kTwoShotReduceScatter, world,
-                                  internal::PeerAt(rank, n % kPeers + 1, kWorld), block, slot) +
-               part_offset;
+        return own_part_of(s0 + n / kPeers, kTwoShotReduceScatter,
+                           internal::PeerAt(th.rank, n % kPeers + 1, kWorld));
       };
       const auto site_of = [&](int n) {
-        const uint32_t i = first + static_cast<uint32_t>(s0 + n / kPeers) * slots + slot;
-        return WaitSite{rank, internal::PeerAt(rank, n % kPeers + 1, kWorld), block,
-                        static_cast<int32_t>(mine.start + i), epoch};
+        const uint32_t i = g.first + static_cast<uint32_t>(s0 + n / kPeers) * g.slots + th.slot;
+        return WaitSite{th.rank, internal::PeerAt(th.rank, n % kPeers + 1, kWorld), th.block,
+                        static_cast<int32_t>(g.mine.start + i), th.epoch};
       };
-      WaitLL128Parts<kBatch * kPeers>(pt, src_of, awaited, flag, signature, site_of, got);
+      WaitLL128Parts<kBatch * kPeers>(th.pt, src_of, awaited, flag, signature, site_of, got);
     }
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int s = s0 + b;
-      const uint32_t i = first + static_cast<uint32_t>(s) * slots + slot;
-      const uint32_t line = mine.start + i;
+      const uint32_t i = g.first + static_cast<uint32_t>(s) * g.slots + th.slot;
+      const uint32_t line = g.mine.start + i;
       RankOrderSum<T, AccumulatorFor<T, kWorld>> sum0, sum1;
 #pragma unroll kUnroll
-      for (int src_rank = 0; src_rank < world; ++src_rank) {
+      for (int src_rank = 0; src_rank < th.world; ++src_rank) {
         uint2 p0 = own_part[b].u0, p1 = own_part[b].u1;
-        if (src_rank != rank) {
+        if (src_rank != th.rank) {
           uint4 v;
           if constexpr (kBatchedWaits) {
             // Peer src_rank is k = (src_rank - rank) mod world after rank;
             // picked by compare, not by index (an index not known at compile
             // time would move the array to local memory).
-            const int k = src_rank > rank ? src_rank - rank : src_rank + kWorld - rank;
+            const int k = src_rank > th.rank ? src_rank - th.rank : src_rank + kWorld - th.rank;
             v = got[b * kPeers];
 #pragma unroll
             for (int kk = 2; kk <= kPeers; ++kk) {
@@ -278,13 +267,9 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
             }
           } else {
             v = WaitLL128Part(
-                pt,
-                own +
-                    TwoShotLL128Offset(s, half, kTwoShotReduceScatter, world, src_rank, block,
-                                       slot) +
-                    part_offset,
-                (act >> b) & 1u, flag, signature,
-                WaitSite{rank, src_rank, block, static_cast<int32_t>(line), epoch});
+                th.pt, own_part_of(s, kTwoShotReduceScatter, src_rank), (act >> b) & 1u, flag,
+                signature,
+                WaitSite{th.rank, src_rank, th.block, static_cast<int32_t>(line), th.epoch});
           }
           p0 = LL128Unit0(v);
           p1 = LL128Unit1(v);
@@ -294,75 +279,73 @@ __global__ void __launch_bounds__(kMaxThreads) TwoShotLL128Kernel(const AllReduc
       }
       const uint2 r0 = sum0.Result(), r1 = sum1.Result();
       const bool on = (act >> b) & 1u;
-      if (on) two_shot_ll128::StoreUnits(a, line, flag_lane, first_unit, r0, r1);
+      if (on) two_shot_ll128::StoreUnits(a, line, th.flag_lane, first_unit, r0, r1);
       const uint32_t off =
-          TwoShotLL128Offset(s, half, kTwoShotAllGather, world, rank, block, slot) + part_offset;
-      const uint2 second = flag_lane ? uint2{flag, signature} : r1;
+          TwoShotLL128Offset(s, g.half, kTwoShotAllGather, th.world, th.rank, th.block, th.slot) +
+          part_offset;
+      const uint2 second = th.flag_lane ? uint2{flag, signature} : r1;
       __syncwarp();
       if (on) {
 #pragma unroll kUnroll
-        for (int k = 1; k < world; ++k) StoreLL128Part(peer(k) + off, r0, second);
+        for (int k = 1; k < th.world; ++k) StoreLL128Part(peer(k) + off, r0, second);
       }
     }
   }
 
   // 3. All-gather: every peer's reduced chunk, into the output; the lines of
   // kBatch steps from every peer awaited together.
-  for (int s0 = 0; s0 < steps; s0 += kBatch) {
+  for (int s0 = 0; s0 < g.steps; s0 += kBatch) {
     if constexpr (kBatchedWaits) {
       // Part n = b * kPeers + k - 1: step s0 + b's line of peer k's chunk.
       const auto index_of = [&](int n) {
-        return first + static_cast<uint32_t>(s0 + n / kPeers) * slots + slot;
+        return g.first + static_cast<uint32_t>(s0 + n / kPeers) * g.slots + th.slot;
       };
       const auto chunk_of = [&](int n) {
-        return TwoShotChunkOf(lines, kWorld, internal::PeerAt(rank, n % kPeers + 1, kWorld));
+        return TwoShotChunkOf(g.lines, kWorld, internal::PeerAt(th.rank, n % kPeers + 1, kWorld));
       };
       uint32_t act = 0u;
 #pragma unroll
       for (int n = 0; n < kBatch * kPeers; ++n) {
-        const uint32_t j = static_cast<uint32_t>(s0 + n / kPeers) * slots + slot;
-        act |= static_cast<uint32_t>(j < per_block && index_of(n) < chunk_of(n).lines) << n;
+        const uint32_t j = static_cast<uint32_t>(s0 + n / kPeers) * g.slots + th.slot;
+        act |= static_cast<uint32_t>(j < g.per_block && index_of(n) < chunk_of(n).lines) << n;
       }
       const auto src_of = [&](int n) {
-        return own +
-               TwoShotLL128Offset(s0 + n / kPeers, half, kTwoShotAllGather, world,
-                                  internal::PeerAt(rank, n % kPeers + 1, kWorld), block, slot) +
-               part_offset;
+        return own_part_of(s0 + n / kPeers, kTwoShotAllGather,
+                           internal::PeerAt(th.rank, n % kPeers + 1, kWorld));
       };
       const auto site_of = [&](int n) {
-        return WaitSite{rank, internal::PeerAt(rank, n % kPeers + 1, kWorld), block,
-                        static_cast<int32_t>(chunk_of(n).start + index_of(n)), epoch};
+        return WaitSite{th.rank, internal::PeerAt(th.rank, n % kPeers + 1, kWorld), th.block,
+                        static_cast<int32_t>(chunk_of(n).start + index_of(n)), th.epoch};
       };
       uint4 got[kBatch * kPeers];
-      WaitLL128Parts<kBatch * kPeers>(pt, src_of, act, flag, signature, site_of, got);
+      WaitLL128Parts<kBatch * kPeers>(th.pt, src_of, act, flag, signature, site_of, got);
 #pragma unroll
       for (int n = 0; n < kBatch * kPeers; ++n) {
         if ((act >> n) & 1u) {
-          two_shot_ll128::StoreUnits(a, chunk_of(n).start + index_of(n), flag_lane, first_unit,
+          two_shot_ll128::StoreUnits(a, chunk_of(n).start + index_of(n), th.flag_lane, first_unit,
                                      LL128Unit0(got[n]), LL128Unit1(got[n]));
         }
       }
     } else {
-      const uint32_t j = static_cast<uint32_t>(s0) * slots + slot;
-      const uint32_t i = first + j;
+      const uint32_t j = static_cast<uint32_t>(s0) * g.slots + th.slot;
+      const uint32_t i = g.first + j;
 #pragma unroll kUnroll
-      for (int k = 1; k < world; ++k) {
-        const int q = internal::PeerAt(rank, k, world);
-        const TwoShotChunk c = TwoShotChunkOf(lines, world, q);
-        const bool on = j < per_block && i < c.lines;
+      for (int k = 1; k < th.world; ++k) {
+        const int q = internal::PeerAt(th.rank, k, th.world);
+        const TwoShotChunk c = TwoShotChunkOf(g.lines, th.world, q);
+        const bool on = j < g.per_block && i < c.lines;
         const uint4 v = WaitLL128Part(
-            pt,
-            own + TwoShotLL128Offset(s0, half, kTwoShotAllGather, world, q, block, slot) +
-                part_offset,
-            on, flag, signature, WaitSite{rank, q, block, static_cast<int32_t>(c.start + i), epoch});
+            th.pt, own_part_of(s0, kTwoShotAllGather, q), on, flag, signature,
+            WaitSite{th.rank, q, th.block, static_cast<int32_t>(c.start + i), th.epoch});
         if (on) {
-          two_shot_ll128::StoreUnits(a, c.start + i, flag_lane, first_unit, LL128Unit0(v),
+          two_shot_ll128::StoreUnits(a, c.start + i, th.flag_lane, first_unit, LL128Unit0(v),
                                      LL128Unit1(v));
         }
       }
     }
   }
-  if (MustRezero(epoch)) two_shot_ll128::RezeroParts(own, half, world, block, slot, part);
+  if (MustRezero(th.epoch))
+    two_shot_ll128::RezeroParts(th.own, g.half, th.world, th.block, th.slot, th.part);
 }
 
 // Host side (kernel_table.cuh): the row of Algorithm::kTwoShotLL128 and its

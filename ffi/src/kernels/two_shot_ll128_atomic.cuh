@@ -147,6 +147,8 @@
 
 #include "kernels/kernel_table.cuh"
 #include "kernels/kernels.h"
+#include "kernels/ll128_thread.cuh"
+#include "kernels/two_shot_steps.cuh"
 #include "kernels/two_shot_ll128.cuh"  // TwoShotLL128Rule, Units
 #include "llar/args.h"
 #include "llar/epoch.cuh"
@@ -362,62 +364,47 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
     TwoShotLL128AtomicKernel(const AllReduceArgs a) {
   namespace at = two_shot_ll128_atomic;
   constexpr int kUnroll = kWorld > 0 ? kWorld : 1;
-  const int world = kWorld > 0 ? kWorld : a.world;
-  const int rank = a.rank;
-  const int block = blockIdx.x;
-  const int t = threadIdx.x;
-  uint64_t* counter = a.epochs + (static_cast<unsigned>(block) * kMaxWarps +
-                                  static_cast<unsigned>(t) / kWarpSize);
-  const uint64_t epoch = LoadEpoch(counter);
-  const PeerTable* pt = a.peers;
-  char* own = internal::ScratchOf(pt, rank);
-  const PeerScratch<kWorld> peer(pt, rank, world);
-
-  const int slot = t / kLL128LanesPerLine;
-  const int part = LL128LaneInLine(t);
-  const bool flag_lane = IsLL128FlagLane(t);
-  const int first_unit = LL128FirstUnit(t);
-  const uint32_t acc_part = static_cast<uint32_t>(part) * kAtomicLanePartBytes;
-  const uint32_t line_part = static_cast<uint32_t>(part) * kLL128PartBytes;
-  const uint32_t lines = (a.n_bytes + kLL128PayloadBytes - 1) / kLL128PayloadBytes;
-  const uint32_t per_block = a.lines_per_block;
-  const uint32_t slots = blockDim.x / kLL128LanesPerLine;  // line slots per step
-  const uint32_t first = static_cast<uint32_t>(block) * per_block;
-  const int steps = static_cast<int>((per_block + slots - 1) / slots);
-  const uint32_t flag = LL128Flag(epoch);
-  const int half = HalfOf(epoch);
-  const TwoShotChunk mine = TwoShotChunkOf(lines, world, rank);
-  const uint32_t arrivals = ((1u << world) - 1u) & ~(1u << rank);
+  const LL128Thread<kWorld> th(a);
+  const PeerScratch<kWorld> peer(th.pt, th.rank, th.world);
+  const int first_unit = LL128FirstUnit(th.t);
+  const uint32_t acc_part = static_cast<uint32_t>(th.part) * kAtomicLanePartBytes;
+  const uint32_t line_part = static_cast<uint32_t>(th.part) * kLL128PartBytes;
+  const TwoShotSteps g(a, kLL128PayloadBytes, blockDim.x / kLL128LanesPerLine, th.block,
+                       th.world, th.rank, th.epoch);
+  const uint32_t flag = LL128Flag(th.epoch);
+  const uint32_t arrivals = ((1u << th.world) - 1u) & ~(1u << th.rank);
 
   // 1. Reduce-scatter: add line start(q) + i of the input into owner q's
   // accumulator slot.
-  for (int s = 0; s < steps; ++s) {
-    const uint32_t j = static_cast<uint32_t>(s) * slots + slot;
-    const uint32_t i = first + j;
-    const bool in_block = j < per_block;
-    const uint32_t off = TwoShotLL128AtomicAccOffset(s, half, block, slot) + acc_part;
+  for (int s = 0; s < g.steps; ++s) {
+    const uint32_t j = static_cast<uint32_t>(s) * g.slots + th.slot;
+    const uint32_t i = g.first + j;
+    const bool in_block = j < g.per_block;
+    const uint32_t off = TwoShotLL128AtomicAccOffset(s, g.half, th.block, th.slot) + acc_part;
     if constexpr (kWorld > 0) {
       // Every load first, then every add.
       at::Units v[kWorld - 1];
 #pragma unroll
       for (int k = 1; k < kWorld; ++k) {
-        const TwoShotChunk c = TwoShotChunkOf(lines, kWorld, internal::PeerAt(rank, k, kWorld));
-        v[k - 1] = in_block && i < c.lines ? at::LoadUnits(a, c.start + i, flag_lane, first_unit)
+        const TwoShotChunk c =
+            TwoShotChunkOf(g.lines, kWorld, internal::PeerAt(th.rank, k, kWorld));
+        v[k - 1] = in_block && i < c.lines ? at::LoadUnits(a, c.start + i, th.flag_lane, first_unit)
                                            : at::Units{{0u, 0u}, {0u, 0u}};
       }
 #pragma unroll
       for (int k = 1; k < kWorld; ++k) {
-        const int q = internal::PeerAt(rank, k, kWorld);
-        if (in_block && i < TwoShotChunkOf(lines, kWorld, q).lines) {
-          at::AddPart<T>(peer(k) + off, v[k - 1].u0, v[k - 1].u1, !flag_lane);
+        const int q = internal::PeerAt(th.rank, k, kWorld);
+        if (in_block && i < TwoShotChunkOf(g.lines, kWorld, q).lines) {
+          at::AddPart<T>(peer(k) + off, v[k - 1].u0, v[k - 1].u1, !th.flag_lane);
         }
       }
     } else {
-      for (int k = 1; k < world; ++k) {
-        const TwoShotChunk c = TwoShotChunkOf(lines, world, internal::PeerAt(rank, k, world));
+      for (int k = 1; k < th.world; ++k) {
+        const TwoShotChunk c =
+            TwoShotChunkOf(g.lines, th.world, internal::PeerAt(th.rank, k, th.world));
         if (in_block && i < c.lines) {
-          const at::Units v = at::LoadUnits(a, c.start + i, flag_lane, first_unit);
-          at::AddPart<T>(peer(k) + off, v.u0, v.u1, !flag_lane);
+          const at::Units v = at::LoadUnits(a, c.start + i, th.flag_lane, first_unit);
+          at::AddPart<T>(peer(k) + off, v.u0, v.u1, !th.flag_lane);
         }
       }
     }
@@ -425,72 +412,74 @@ __global__ void __launch_bounds__(kMaxThreads, 1)
   // Publish: every add of the warp before its arrival bits (release pattern).
   __syncwarp();
   at::FenceAcqRelSys();
-  if (flag_lane) {
-    for (int s = 0; s < steps; ++s) {
-      const uint32_t j = static_cast<uint32_t>(s) * slots + slot;
-      const uint32_t i = first + j;
-      if (j >= per_block) continue;
+  if (th.flag_lane) {
+    for (int s = 0; s < g.steps; ++s) {
+      const uint32_t j = static_cast<uint32_t>(s) * g.slots + th.slot;
+      const uint32_t i = g.first + j;
+      if (j >= g.per_block) continue;
       const uint32_t off =
-          TwoShotLL128AtomicAccOffset(s, half, block, slot) + kAtomicArrivalsOffset;
+          TwoShotLL128AtomicAccOffset(s, g.half, th.block, th.slot) + kAtomicArrivalsOffset;
 #pragma unroll kUnroll
-      for (int k = 1; k < world; ++k) {
-        if (i < TwoShotChunkOf(lines, world, internal::PeerAt(rank, k, world)).lines) {
-          at::RedOrB32(peer(k) + off, 1u << rank);
+      for (int k = 1; k < th.world; ++k) {
+        if (i < TwoShotChunkOf(g.lines, th.world, internal::PeerAt(th.rank, k, th.world)).lines) {
+          at::RedOrB32(peer(k) + off, 1u << th.rank);
         }
       }
     }
   }
   // Every lane has read E; the counter is read again only by the next kernel.
   __syncwarp();
-  if (t % kWarpSize == 0) *counter = epoch + 1;
+  if (th.t % kWarpSize == 0) *th.counter = th.epoch + 1;
 
   // 2. Reduce: wait for every peer's adds to this rank's chunk, add this
   // rank's own values, keep the result and send it to every peer; zero the
   // slot. Every lane runs every step (the waits are warp-collective).
-  for (int s = 0; s < steps; ++s) {
-    const uint32_t j = static_cast<uint32_t>(s) * slots + slot;
-    const uint32_t i = first + j;
-    const bool act = j < per_block && i < mine.lines;
-    const uint32_t line = mine.start + i;
+  for (int s = 0; s < g.steps; ++s) {
+    const uint32_t j = static_cast<uint32_t>(s) * g.slots + th.slot;
+    const uint32_t i = g.first + j;
+    const bool act = j < g.per_block && i < g.mine.lines;
+    const uint32_t line = g.mine.start + i;
     at::Units own_part{{0u, 0u}, {0u, 0u}};
-    if (act) own_part = at::LoadUnits(a, line, flag_lane, first_unit);
-    char* acc = own + TwoShotLL128AtomicAccOffset(s, half, block, slot);
-    at::WaitArrivals(pt, acc + kAtomicArrivalsOffset, act && flag_lane, arrivals, rank, block,
-                     static_cast<int32_t>(line), epoch);
+    if (act) own_part = at::LoadUnits(a, line, th.flag_lane, first_unit);
+    char* acc = th.own + TwoShotLL128AtomicAccOffset(s, g.half, th.block, th.slot);
+    at::WaitArrivals(th.pt, acc + kAtomicArrivalsOffset, act && th.flag_lane, arrivals, th.rank,
+                     th.block, static_cast<int32_t>(line), th.epoch);
     uint2 r0 = {0u, 0u}, r1 = {0u, 0u};
     if (act) {
-      at::ResultOfPart<T>(acc + acc_part, own_part.u0, own_part.u1, !flag_lane, &r0, &r1);
+      at::ResultOfPart<T>(acc + acc_part, own_part.u0, own_part.u1, !th.flag_lane, &r0, &r1);
       at::ZeroPart(acc + acc_part);
-      at::StoreUnits(a, line, flag_lane, first_unit, r0, r1);
+      at::StoreUnits(a, line, th.flag_lane, first_unit, r0, r1);
     }
     const uint32_t off =
-        TwoShotLL128AtomicGatherOffset(s, half, world, rank, block, slot) + line_part;
-    const uint2 second = flag_lane ? uint2{flag, 0u} : r1;
+        TwoShotLL128AtomicGatherOffset(s, g.half, th.world, th.rank, th.block, th.slot) + line_part;
+    const uint2 second = th.flag_lane ? uint2{flag, 0u} : r1;
     __syncwarp();  // the 8 lanes of a line store it with one instruction
     if (act) {
 #pragma unroll kUnroll
-      for (int k = 1; k < world; ++k) StoreLL128Part(peer(k) + off, r0, second);
+      for (int k = 1; k < th.world; ++k) StoreLL128Part(peer(k) + off, r0, second);
     }
   }
 
   // 3. All-gather: every peer's reduced chunk, into the output.
-  for (int s = 0; s < steps; ++s) {
-    const uint32_t j = static_cast<uint32_t>(s) * slots + slot;
-    const uint32_t i = first + j;
-    const bool in_block = j < per_block;
+  for (int s = 0; s < g.steps; ++s) {
+    const uint32_t j = static_cast<uint32_t>(s) * g.slots + th.slot;
+    const uint32_t i = g.first + j;
+    const bool in_block = j < g.per_block;
 #pragma unroll kUnroll
-    for (int k = 1; k < world; ++k) {
-      const int q = internal::PeerAt(rank, k, world);
-      const TwoShotChunk c = TwoShotChunkOf(lines, world, q);
+    for (int k = 1; k < th.world; ++k) {
+      const int q = internal::PeerAt(th.rank, k, th.world);
+      const TwoShotChunk c = TwoShotChunkOf(g.lines, th.world, q);
       const bool act = in_block && i < c.lines;
       const uint32_t line = c.start + i;
       const uint4 v = WaitLL128Part(
-          pt, own + TwoShotLL128AtomicGatherOffset(s, half, world, q, block, slot) + line_part,
-          act, flag, WaitSite{rank, q, block, static_cast<int32_t>(line), epoch});
-      if (act) at::StoreUnits(a, line, flag_lane, first_unit, LL128Unit0(v), LL128Unit1(v));
+          th.pt,
+          th.own + TwoShotLL128AtomicGatherOffset(s, g.half, th.world, q, th.block, th.slot) +
+              line_part,
+          act, flag, WaitSite{th.rank, q, th.block, static_cast<int32_t>(line), th.epoch});
+      if (act) at::StoreUnits(a, line, th.flag_lane, first_unit, LL128Unit0(v), LL128Unit1(v));
     }
   }
-  if (MustRezero(epoch)) at::RezeroGather(own, half, world, block, slot, part);
+  if (MustRezero(th.epoch)) at::RezeroGather(th.own, g.half, th.world, th.block, th.slot, th.part);
 }
 
 // Host side (kernel_table.cuh): the row of Algorithm::kTwoShotLL128Atomic on
