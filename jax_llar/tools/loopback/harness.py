@@ -1364,10 +1364,13 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict | Ran], 
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, check_threads)) as pool:
 
     def flush(most: int) -> None:
-      while waiting and (len(waiting) > most or not isinstance(waiting[0], concurrent.futures.Future)
+      """Prints the rows at the head that are done, waiting for checks while
+      more than `most` are under way."""
+      future = concurrent.futures.Future
+      while waiting and (len(waiting) > most or not isinstance(waiting[0], future)
                          or waiting[0].done()):
         head = waiting.popleft()
-        ran(head.result() if isinstance(head, concurrent.futures.Future) else head)
+        ran(head.result() if isinstance(head, future) else head)
 
     for base, reason, go, label in items:
       if reason is not None:
