@@ -99,11 +99,16 @@ def _tp_model():
 
 def test_pallas_decode_attention_against_float64(tp_model):
   """attention.decode_attention (Pallas's interpreter) over caches of
-  several 32-position blocks, at positions 0, inside the first block, at a
-  block's edge and the last: the cache comes back with exactly the new
-  position written, and the output is float64 attention over positions
-  0 .. pos within one bfloat16 rounding; a stale NaN past pos changes
-  nothing."""
+  several chunks, split across programs and walked a chunk a step, at
+  positions 0, inside the first chunk, at a chunk's and a split's edges and
+  the last: the cache comes back with exactly the new position written (its
+  key rotated and rounded as the model rounds it), and the output is
+  float64 attention, with the queries and the key rotated as the model
+  rotates them, over positions 0 .. pos within one bfloat16 rounding; a
+  stale NaN past pos changes nothing. Two sequences over 100 positions run
+  as two splits of one 64-position chunk each; 64 sequences over 300
+  positions as two splits of three chunks (the loop over chunks, a split's
+  edge at 192)."""
   model, _ = tp_model
   import attention  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
@@ -111,32 +116,54 @@ def test_pallas_decode_attention_against_float64(tp_model):
   import numpy as np  # pylint: disable=g-import-not-at-top
   del model
   rng = np.random.default_rng(4)
-  b, kl, g, hd, length = 2, 2, 4, 64, 100
+  kl, g, hd = 2, 4, 64
+  heads, half = kl * g, hd // 2
   bf = jnp.bfloat16
-  q = jnp.asarray(rng.standard_normal((b, kl, g, hd)), bf)
-  k = jnp.asarray(rng.standard_normal((b, kl, 1, hd)), bf)
-  v = jnp.asarray(rng.standard_normal((b, kl, 1, hd)), bf)
-  base = rng.standard_normal((b, kl, length, 2 * hd)).astype(np.float32)
-  fn = jax.jit(lambda *a: attention.decode_attention(*a, interpret=True))
-  for pos in (0, 5, 31, 32, 33, 64, length - 1):
-    cache = base.copy()
-    if pos + 1 < length:
-      cache[:, :, pos + 1, hd:] = np.nan  # a stale row past the position
-    o, new = fn(q, k, v, jnp.asarray(cache, bf), jnp.int32(pos))
-    want_cache = np.asarray(jnp.asarray(cache, bf)).astype(np.float32)
-    want_cache[:, :, pos, :hd] = np.asarray(k, np.float32)[:, :, 0]
-    want_cache[:, :, pos, hd:] = np.asarray(v, np.float32)[:, :, 0]
-    got = np.asarray(new).astype(np.float32)
-    assert np.array_equal(got, want_cache, equal_nan=True), pos
-    keys = want_cache[:, :, :pos + 1, :hd].astype(np.float64)
-    vals = want_cache[:, :, :pos + 1, hd:].astype(np.float64)
-    s = np.einsum("bkgd,bksd->bkgs", np.asarray(q).astype(np.float64), keys) * hd ** -0.5
-    p = np.exp(s - s.max(-1, keepdims=True))
-    want = np.einsum("bkgs,bksd->bkgd", p / p.sum(-1, keepdims=True), vals)
-    err = np.abs(np.asarray(o).astype(np.float64) - want)
-    assert np.isfinite(np.asarray(o).astype(np.float32)).all(), pos
-    # bfloat16's rounding of the output: half an ulp, 2^-9 relative, plus slack.
-    assert (err <= 2.0 ** -8 * np.maximum(np.abs(want), 1.0)).all(), (pos, err.max())
+  freq = (500000.0 ** (-np.arange(half, dtype=np.float32) / half)).astype(np.float32)
+
+  def rotate(x, pos):  # float32, as model.Model._rope, then rounded to bfloat16
+    ang = np.float32(pos) * freq
+    cos, sin = np.cos(ang), np.sin(ang)
+    x1, x2 = x[..., :half], x[..., half:]
+    out = np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+    return np.asarray(jnp.asarray(out, bf)).astype(np.float64)
+
+  fn = jax.jit(lambda *a: attention.decode_attention(*a, heads=heads, interpret=True))
+  for b, length, positions in ((2, 100, (0, 5, 63, 64, 65, 99)), (64, 300, (0, 70, 191, 192, 299))):
+    plan = attention.plan(b, kl, g, hd, length)
+    assert plan == ((64, 1, 2) if b == 2 else (64, 3, 2)), (b, plan)
+    qkv = rng.standard_normal((b, (heads + 2 * kl) * hd)).astype(np.float32)
+    qkv = np.asarray(jnp.asarray(qkv, bf)).astype(np.float32)  # bfloat16 values
+    q = qkv[:, :heads * hd].reshape(b, kl, g, hd)
+    k = qkv[:, heads * hd:(heads + kl) * hd].reshape(b, kl, hd)
+    v = qkv[:, (heads + kl) * hd:].reshape(b, kl, hd)
+    base = rng.standard_normal((b, kl, length, 2 * hd)).astype(np.float32)
+    for pos in positions:
+      cache = base.copy()
+      if pos + 1 < length:
+        cache[:, :, pos + 1, hd:] = np.nan  # a stale row past the position
+      o, new = fn(jnp.asarray(qkv, bf), jnp.asarray(cache, bf), jnp.int32(pos),
+                  jnp.asarray(freq))
+      want_cache = np.asarray(jnp.asarray(cache, bf)).astype(np.float32)
+      want_cache[:, :, pos, :hd] = rotate(k, pos)
+      want_cache[:, :, pos, hd:] = v
+      got = np.asarray(new).astype(np.float32)
+      # The rotation's cosine and sine are Pallas's, not numpy's: a rotated
+      # key element may differ by one bfloat16 rounding.
+      close = np.abs(got - want_cache) <= 2.0 ** -7 * np.abs(want_cache)
+      assert (np.isnan(got) == np.isnan(want_cache)).all() and (
+          close | np.isnan(got)).all(), (b, pos)
+      keys = got[:, :, :pos + 1, :hd].astype(np.float64)
+      vals = got[:, :, :pos + 1, hd:].astype(np.float64)
+      s = np.einsum("bkgd,bksd->bkgs", rotate(q, pos), keys) * hd ** -0.5
+      p = np.exp(s - s.max(-1, keepdims=True))
+      want = np.einsum("bkgs,bksd->bkgd", p / p.sum(-1, keepdims=True), vals)
+      out = np.asarray(o).astype(np.float64)
+      assert out.shape == (b, kl, g, hd) and np.isfinite(out).all(), (b, pos)
+      # bfloat16's rounding of the output: half an ulp, 2^-9 relative, plus
+      # slack for the queries' rotation (Pallas's cosine against numpy's).
+      err = np.abs(out - want)
+      assert (err <= 2.0 ** -7 * np.maximum(np.abs(want), 1.0)).all(), (b, pos, err.max())
 
 
 def test_decode_matches_prefill_and_cache_is_updated_in_place(tp_model):

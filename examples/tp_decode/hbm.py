@@ -15,7 +15,14 @@ def measure_bandwidth(mesh, nbytes: int, calls: int = 10, rounds: int = 3) -> di
   that a call's fixed cost cancels; the best of `rounds` such measurements
   (the highest bandwidth: a floor divided by it is the lowest), every
   round's figure kept in ``copy_gbs_rounds`` and ``read_gbs_rounds``. GB =
-  1e9 bytes."""
+  1e9 bytes.
+
+  On a GPU the read figure is then taken from device time instead
+  (`device_read`): the sums' kernels' own durations in a profiler trace,
+  which host timing's jitter does not reach (a host-timed round once read
+  4856 GB/s, above H200's 4.8 TB/s; benchmarks/NOTES.md). ``read_basis``
+  says which: "device" (``read_gbs`` is the device figure and
+  ``read_gbs_host`` the host-timed one) or "host"."""
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -56,5 +63,28 @@ def measure_bandwidth(mesh, nbytes: int, calls: int = 10, rounds: int = 3) -> di
     out[f"{kind}_gbs_rounds"] = figures
     finite = [g for g in figures if g == g]
     out[f"{kind}_gbs"] = max(finite) if finite else float("nan")
+  out["read_basis"] = "host"
+  device = device_read(progs["read"][1], x, 2 * n) if mesh.devices.flat[0].platform == "gpu" else None
+  if device is not None:
+    out["read_gbs_host"] = out["read_gbs"]
+    out.update(read_gbs=device["best_gbs"], read_gbs_device=device, read_basis="device")
   del x
   return out
+
+
+def device_read(f, x, nbytes: int, calls: int = 3) -> dict | None:
+  """Read bandwidth of the sums of ``f(x)`` (each reading `nbytes` per
+  device) from their kernels' durations on the device, `calls` calls under
+  ``jax.profiler`` (read with ``jax_llar.tools.traces``): the kernels that
+  take at least half as long as the longest are the passes that read the
+  array. Returns ``{"best_gbs", "median_gbs", "kernels"}`` (the highest and
+  the median over those kernels), or None when the trace holds no device
+  kernel."""
+  from jax_llar.tools import traces
+  events = [e for e in traces.profile(f, x, calls=calls)
+            if e.process.startswith(traces.DEVICE_PREFIX) and e.dur > 0]
+  if not events:
+    return None
+  longest = max(e.dur for e in events)
+  gbs = [nbytes / (e.dur * 1e-6) / 1e9 for e in events if e.dur >= longest / 2]
+  return {"best_gbs": max(gbs), "median_gbs": statistics.median(gbs), "kernels": len(gbs)}

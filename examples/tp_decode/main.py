@@ -44,8 +44,11 @@ all-reduce of each implementation:
   floor               no decoding: the bytes of weights one GPU reads per
                       token divided by the read bandwidth (bytes read per
                       second) of a large bfloat16 sum measured in the same
-                      process, the best of several rounds: a lower bound of
-                      the step, since every step reads every weight. The row
+                      process (on GPUs from its kernels' device time in a
+                      profiler trace, the best of several; elsewhere
+                      host-timed, the best of several rounds: hbm.py): a
+                      lower bound of the step, since every step reads every
+                      weight. The row
                       keeps the bound at the elementwise kernel's bandwidth
                       (bytes read + written) as floor_copy_us. A timed row
                       below its floor is marked below_floor and named in the
@@ -435,8 +438,12 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
                        floor_copy_us=wb / (bw["copy_gbs"] * 1e9) * 1e6,
                        floor_with_full_kv_us=(wb + kvb) / (bw["read_gbs"] * 1e9) * 1e6,
                        hbm_copy_gbs=bw["copy_gbs"], hbm_read_gbs=bw["read_gbs"],
-                       floor_basis="weight bytes / read bandwidth (bfloat16 sum), best of "
-                                   f"{bw.get('rounds', 1)} rounds"))
+                       hbm_read_basis=bw["read_basis"],
+                       floor_basis="weight bytes / read bandwidth (bfloat16 sum), " + (
+                           "its kernels' device time, the best of "
+                           f"{bw['read_gbs_device']['kernels']}"
+                           if bw["read_basis"] == "device" else
+                           f"host-timed, best of {bw.get('rounds', 1)} rounds")))
       for row in rows[len(rows) - len(timed) - 1:-1]:
         row["below_floor"] = row["value"] < fl
     for row in rows[len(rows) - len(timed) - (bw is not None and "floor" in impls):]:
@@ -550,7 +557,9 @@ def run(s: Settings, baseline_rows: list[dict] | None = None,
         "memory bandwidth per CPU device (host memory, shared by the forced devices: "
         "not a GPU's)")
     print(f"{memory}: {bw['copy_gbs']:.0f} GB/s (bfloat16 elementwise "
-          f"kernel, bytes read + written), {bw['read_gbs']:.0f} GB/s (sum, bytes read)",
+          f"kernel, bytes read + written), {bw['read_gbs']:.0f} GB/s (sum, bytes read, "
+          f"{bw['read_basis']}-timed"
+          + (f"; host-timed {bw['read_gbs_host']:.0f}" if "read_gbs_host" in bw else "") + ")",
           flush=True)
   rows, token_ids = [], {}
   for name in s.presets:

@@ -370,10 +370,14 @@ class Model:
     x32 = x.astype(jnp.float32)
     return lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + self.cfg.norm_eps)
 
+  def _rope_freq(self):
+    """RoPE's frequencies, (head_dim / 2,) float32."""
+    half = self.cfg.head_dim // 2
+    return self.cfg.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+
   def _rope(self, x, positions):  # x: (B, T, heads, hd); positions: (T,)
-    hd = self.cfg.head_dim
-    half = hd // 2
-    freq = self.cfg.rope_theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    half = self.cfg.head_dim // 2
+    freq = self._rope_freq()
     ang = positions.astype(jnp.float32)[:, None] * freq  # (T, half)
     cos, sin = jnp.cos(ang)[None, :, None], jnp.sin(ang)[None, :, None]
     x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
@@ -407,51 +411,52 @@ class Model:
       qkv = y.astype(DTYPE) * self._rms_scale(xf, ss)
     else:
       qkv = _mm(xf, lp["wqkv"]) * self._rms_scale(xf)
-    q = qkv[:, :hl * hd].reshape(b, t, hl, hd)
-    k = qkv[:, hl * hd:(hl + kl) * hd].reshape(b, t, kl, hd)
-    v = qkv[:, (hl + kl) * hd:].reshape(b, t, kl, hd)
-    positions = pos + jnp.arange(t, dtype=jnp.int32)
-    q, k = self._rope(q, positions).astype(DTYPE), self._rope(k, positions)
-    k, v = k.astype(DTYPE).transpose(0, 2, 1, 3), v.astype(DTYPE).transpose(0, 2, 1, 3)
     if st.attn == "pallas" and t == 1:
+      # The kernel rotates the projections, writes the cache row and attends
+      # (attention.py): qkv is its operand as the product left it.
       (kv,) = cache
-      o, kv = attention.decode_attention(q.reshape(b, kl, g, hd), k, v, kv, pos,
+      o, kv = attention.decode_attention(qkv, kv, pos, self._rope_freq(), heads=hl,
                                          interpret=self._pallas_interpret)
       cache = (kv,)
       o = o.reshape(b * t, hl * hd)
-    elif st.kv == "fused":
-      (kv,) = cache
-      kv = lax.dynamic_update_slice(kv, jnp.concatenate([k, v], -1), (0, 0, pos, 0))
-      cache = (kv,)
-      kc, vc = kv[..., :hd], kv[..., hd:]
     else:
-      kc, vc = cache
-      kc = lax.dynamic_update_slice(kc, k, (0, 0, pos, 0))
-      vc = lax.dynamic_update_slice(vc, v, (0, 0, pos, 0))
-      cache = (kc, vc)
-    if st.attn == "pallas" and t == 1:
-      pass  # o and the cache from the kernel above
-    elif st.attn == "reduce" and t == 1:
-      # Each KV head's query group against the whole cache (masked beyond
-      # pos): the scores in one reduction over hd, the softmax and the sum
-      # of V over the positions in the next (XLA fuses them).
-      qg = q.reshape(b, kl, g, hd).astype(jnp.float32)
-      s = jnp.sum(qg[:, :, :, None, :] * kc[:, :, None].astype(jnp.float32), -1)
-      s = s * (hd ** -0.5)  # (B, KV, G, S)
-      mask = jnp.arange(self.max_len) <= pos
-      p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), -1).astype(DTYPE)
-      o = jnp.sum(p[..., None].astype(jnp.float32) * vc[:, :, None].astype(jnp.float32),
-                  3).astype(DTYPE)  # (B, KV, G, hd)
-      o = o.reshape(b * t, hl * hd)
-    else:
-      # Rows (t, g) of each KV head's query group: (B, KV, T * G, hd).
-      qg = q.reshape(b, t, kl, g, hd).transpose(0, 2, 1, 3, 4).reshape(b, kl, t * g, hd)
-      s = jnp.einsum("bkrd,bksd->bkrs", qg, kc, preferred_element_type=jnp.float32)
-      s = s * (hd ** -0.5)
-      mask = jnp.arange(self.max_len)[None, :] <= jnp.repeat(positions, g)[:, None]
-      p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), -1).astype(DTYPE)
-      o = jnp.einsum("bkrs,bksd->bkrd", p, vc)  # (B, KV, T * G, hd)
-      o = o.reshape(b, kl, t, g, hd).transpose(0, 2, 1, 3, 4).reshape(b * t, hl * hd)
+      q = qkv[:, :hl * hd].reshape(b, t, hl, hd)
+      k = qkv[:, hl * hd:(hl + kl) * hd].reshape(b, t, kl, hd)
+      v = qkv[:, (hl + kl) * hd:].reshape(b, t, kl, hd)
+      positions = pos + jnp.arange(t, dtype=jnp.int32)
+      q, k = self._rope(q, positions).astype(DTYPE), self._rope(k, positions)
+      k, v = k.astype(DTYPE).transpose(0, 2, 1, 3), v.astype(DTYPE).transpose(0, 2, 1, 3)
+      if st.kv == "fused":
+        (kv,) = cache
+        kv = lax.dynamic_update_slice(kv, jnp.concatenate([k, v], -1), (0, 0, pos, 0))
+        cache = (kv,)
+        kc, vc = kv[..., :hd], kv[..., hd:]
+      else:
+        kc, vc = cache
+        kc = lax.dynamic_update_slice(kc, k, (0, 0, pos, 0))
+        vc = lax.dynamic_update_slice(vc, v, (0, 0, pos, 0))
+        cache = (kc, vc)
+      if st.attn == "reduce" and t == 1:
+        # Each KV head's query group against the whole cache (masked beyond
+        # pos): the scores in one reduction over hd, the softmax and the sum
+        # of V over the positions in the next (XLA fuses them).
+        qg = q.reshape(b, kl, g, hd).astype(jnp.float32)
+        s = jnp.sum(qg[:, :, :, None, :] * kc[:, :, None].astype(jnp.float32), -1)
+        s = s * (hd ** -0.5)  # (B, KV, G, S)
+        mask = jnp.arange(self.max_len) <= pos
+        p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), -1).astype(DTYPE)
+        o = jnp.sum(p[..., None].astype(jnp.float32) * vc[:, :, None].astype(jnp.float32),
+                    3).astype(DTYPE)  # (B, KV, G, hd)
+        o = o.reshape(b * t, hl * hd)
+      else:
+        # Rows (t, g) of each KV head's query group: (B, KV, T * G, hd).
+        qg = q.reshape(b, t, kl, g, hd).transpose(0, 2, 1, 3, 4).reshape(b, kl, t * g, hd)
+        s = jnp.einsum("bkrd,bksd->bkrs", qg, kc, preferred_element_type=jnp.float32)
+        s = s * (hd ** -0.5)
+        mask = jnp.arange(self.max_len)[None, :] <= jnp.repeat(positions, g)[:, None]
+        p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), -1).astype(DTYPE)
+        o = jnp.einsum("bkrs,bksd->bkrd", p, vc)  # (B, KV, T * G, hd)
+        o = o.reshape(b, kl, t, g, hd).transpose(0, 2, 1, 3, 4).reshape(b * t, hl * hd)
     if vec:
       (ao,), _ = _mv(o, [lp["wo"]], False)
       ao = ao.astype(DTYPE)
