@@ -5,22 +5,24 @@ The kernel takes the new position's query, key and value projections as the
 layer's product left them (one row per sequence, before the rotation), so
 that no operand is made for the call: it rotates the queries and the key
 (RoPE, as ``model.Model._rope``: float32, rounded to bfloat16 as the model
-rounds them), writes the key and the value into the layer's cache (K and V
-side by side in its minor dimension, ``kv="fused"``), and attends each KV
-head's query group to positions 0 .. pos: the scores, the softmax and the
-weighted sum of V with a running maximum and sum (online softmax,
-FlashAttention-2, arXiv 2307.08691, Algorithm 1).
+rounds them; the value rounded to bfloat16 too, as the cache holds it),
+writes the key and the value into the layer's cache (K and V side by side
+in its minor dimension, ``kv="fused"``), and attends each KV head's query
+group to positions 0 .. pos: the scores, the softmax and the weighted sum of
+V with a running maximum and sum (online softmax, FlashAttention-2, arXiv
+2307.08691, Algorithm 1).
 
 Its grid is (sequence, KV head, split): the positions are cut into splits of
 whole chunks of `chunk` positions, and each program reads the chunks of its
-split that hold positions at or before pos (the new position from the
-values it computed, the positions after it not at all), one chunk a step.
-Each program leaves its split's maximum, sum and unnormalised output; XLA
-combines the splits (the split-K decoding of FlashDecoding; JAX's
-``pallas/ops/gpu/decode_attention.py`` splits the same way). The program
-whose split holds pos writes the cache's row pos. XLA's form
-(``attn="reduce"``) runs the rotation, the cache update, the scores and the
-softmax with V as separate kernels over the whole cache, masked beyond pos.
+split up to the one that holds pos, one chunk a step (the new position from
+the values it computed, not from the cache; the positions after pos in that
+chunk masked, the chunks after it not read). Each program leaves its
+split's maximum, sum and unnormalised output; XLA combines the splits (the
+split-K decoding of FlashDecoding; JAX's ``pallas/ops/gpu/decode_attention.py``
+splits the same way). The program whose split holds pos writes the cache's
+row pos. XLA's form (``attn="reduce"``) runs the rotation, the cache update,
+the scores and the softmax with V as separate kernels over the whole cache,
+masked beyond pos.
 
 The arithmetic is float32 from the bfloat16 cache and projections; the
 output is rounded to bfloat16 once. The reference form rounds the softmax's
@@ -42,8 +44,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-# Elements of the (query group, chunk, half head) products a program holds
-# at once: 64 float32 a thread of its 4 warps. A chunk is as many positions.
+# Elements of the scores' (query group, chunk, half head) products a program
+# holds at once: 64 float32 a thread of its 4 warps (the weighted sum of V's,
+# over the whole head, twice as many). A chunk is as many positions.
 PRODUCT_ELEMENTS = 8192
 # Programs the grid aims at (the splits per (sequence, KV head) are chosen
 # so that about this many run at once), on H200's 132 multiprocessors.
@@ -79,13 +82,13 @@ def _kernel(pos_ref, freq_ref, q_ref, k_ref, v_ref, cache_ref, o_ref, m_ref, l_r
   f32 = lambda r: r.astype(jnp.float32)
   q1, q2 = _rotate(f32(q_ref[:, pl.ds(0, half)]), f32(q_ref[:, pl.ds(half, half)]), cos, sin)
   k1, k2 = _rotate(f32(k_ref[:, pl.ds(0, half)]), f32(k_ref[:, pl.ds(half, half)]), cos, sin)
-  vn = f32(v_ref[...])  # (1, hd)
+  vn = _bf16(f32(v_ref[...]))  # (1, hd), rounded as the cache holds it
 
   @pl.when((first <= pos) & (pos < first + steps * chunk))
   def _():  # the new position's row of the cache
     cache_out_ref[pl.ds(pos, 1), pl.ds(0, half)] = k1.astype(cache_out_ref.dtype)
     cache_out_ref[pl.ds(pos, 1), pl.ds(half, half)] = k2.astype(cache_out_ref.dtype)
-    cache_out_ref[pl.ds(pos, 1), pl.ds(hd, hd)] = v_ref[...].astype(cache_out_ref.dtype)
+    cache_out_ref[pl.ds(pos, 1), pl.ds(hd, hd)] = vn.astype(cache_out_ref.dtype)
 
   def body(i, carry):
     m, l, o = carry

@@ -156,7 +156,9 @@ class Settings:
     misalign: bytes added to the input and output addresses (0..7).
     keep: calls whose outputs are checked, the last ones (0: all), capped
       by max_output_bytes.
-    max_output_bytes: bound on the outputs held per case (device and host).
+    max_output_bytes: bound on the outputs held per case (device and host);
+      `run_cases` holds up to 2 x CHECK_THREADS + 1 cases' inputs and outputs
+      on the host while their checks wait.
     seed: seed of the random inputs.
     device: CUDA ordinal to run on.
     algorithm: the algorithm under test, a short name (ALGORITHMS); generic
