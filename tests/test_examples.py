@@ -108,9 +108,9 @@ def test_pallas_decode_attention_against_float64(tp_model):
   not numpy's); the output is float64 attention over positions 0 .. pos of
   that cache, with the queries rotated likewise, within 1.5 bfloat16
   roundings; a stale NaN past pos changes nothing. Two sequences over 100
-  positions run as two splits of one 64-position chunk each; 64 sequences
-  over 300 positions as two splits of three chunks (the loop over chunks, a
-  split's edge at 192)."""
+  positions run as 13 splits of one 8-position chunk each; 64 sequences
+  over 300 positions as two splits of 19 chunks (the loop over chunks, a
+  split's edge at 152)."""
   model, _ = tp_model
   import attention  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
@@ -131,11 +131,11 @@ def test_pallas_decode_attention_against_float64(tp_model):
     return to_bf(np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1))
 
   fn = jax.jit(lambda *a: attention.decode_attention(*a, heads=heads, interpret=True))
-  cases = ((2, 100, (0, 5, 63, 64, 65, 99), bf), (2, 100, (0, 64, 99), jnp.float32),
-           (64, 300, (0, 70, 191, 192, 299), bf))
+  cases = ((2, 100, (0, 5, 7, 8, 9, 64, 99), bf), (2, 100, (0, 8, 99), jnp.float32),
+           (64, 300, (0, 70, 151, 152, 299), bf))
   for b, length, positions, dtype in cases:
     plan = attention.plan(b, kl, g, hd, length)
-    assert plan == ((64, 1, 2) if b == 2 else (64, 3, 2)), (b, plan)
+    assert plan == ((8, 1, 13) if b == 2 else (8, 19, 2)), (b, plan)
     qkv = rng.standard_normal((b, (heads + 2 * kl) * hd)).astype(np.float32)
     if dtype == bf:
       qkv = to_bf(qkv)

@@ -45,9 +45,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 # Elements of the scores' (query group, chunk, half head) products a program
-# holds at once: 64 float32 a thread of its 4 warps (the weighted sum of V's,
-# over the whole head, twice as many). A chunk is as many positions.
-PRODUCT_ELEMENTS = 8192
+# holds at once (the weighted sum of V's, over the whole head, twice as
+# many): a chunk is as many positions, at least 8. Small, so that a
+# program's products stay in registers: larger chunks ran several times
+# slower on one H200 (benchmarks/NOTES.md).
+PRODUCT_ELEMENTS = 1024
 # Programs the grid aims at (the splits per (sequence, KV head) are chosen
 # so that about this many run at once), on H200's 132 multiprocessors.
 TARGET_PROGRAMS = 256
@@ -132,9 +134,9 @@ def _kernel(pos_ref, freq_ref, q_ref, k_ref, v_ref, cache_ref, o_ref, m_ref, l_r
 def plan(batch: int, kv_heads: int, group: int, hd: int, length: int) -> tuple[int, int, int]:
   """(chunk, steps, splits): positions a step, steps a program, programs
   per (sequence, KV head). The chunk keeps a program's products within
-  PRODUCT_ELEMENTS (at least 16 positions); the splits aim at
+  PRODUCT_ELEMENTS (at least 8 positions); the splits aim at
   TARGET_PROGRAMS programs in all, each at least one chunk."""
-  chunk = max(16, PRODUCT_ELEMENTS // (group * (hd // 2)))
+  chunk = max(8, PRODUCT_ELEMENTS // (group * (hd // 2)))
   chunks = pl.cdiv(length, chunk)
   splits = max(1, min(chunks, TARGET_PROGRAMS // max(1, batch * kv_heads)))
   steps = pl.cdiv(chunks, splits)
