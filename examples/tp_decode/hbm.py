@@ -1,4 +1,7 @@
-"""HBM bandwidth per device, for the weight-read floor of the decode step."""
+"""HBM bandwidth per device, for the weight-read floor of the decode step.
+
+  python examples/tp_decode/hbm.py   (on a GPU: how the read figure spreads)
+"""
 
 from __future__ import annotations
 
@@ -64,7 +67,8 @@ def measure_bandwidth(mesh, nbytes: int, calls: int = 10, rounds: int = 3) -> di
     finite = [g for g in figures if g == g]
     out[f"{kind}_gbs"] = max(finite) if finite else float("nan")
   out["read_basis"] = "host"
-  device = device_read(progs["read"][1], x, 2 * n) if mesh.devices.flat[0].platform == "gpu" else None
+  on_gpu = mesh.devices.flat[0].platform == "gpu"
+  device = device_read(progs["read"][1], x, 2 * n) if on_gpu else None
   if device is not None:
     out["read_gbs_host"] = out["read_gbs"]
     out.update(read_gbs=device["best_gbs"], read_gbs_device=device, read_basis="device")
@@ -88,3 +92,49 @@ def device_read(f, x, nbytes: int, calls: int = 3) -> dict | None:
   longest = max(e.dur for e in events)
   gbs = [nbytes / (e.dur * 1e-6) / 1e9 for e in events if e.dur >= longest / 2]
   return {"best_gbs": max(gbs), "median_gbs": statistics.median(gbs), "kernels": len(gbs)}
+
+
+def spread(nbytes: int = 1 << 30, repeats: int = 2, rounds: int = 6) -> None:
+  """Prints how the read figure spreads on this process's first device:
+  `measure_bandwidth`'s host-timed rounds and its device-timed figure,
+  `repeats` times, and a host-timed slope of 1 against 9 sums on random
+  data (20 calls a point, `rounds` rounds)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax import lax
+  from jax.sharding import Mesh
+  mesh = Mesh(np.array(jax.devices()[:1]), ("tp",))
+  for _ in range(repeats):
+    bw = measure_bandwidth(mesh, nbytes, rounds=rounds)
+    print("measure_bandwidth: host-timed read rounds", [round(v) for v in bw["read_gbs_rounds"]],
+          "GB/s; copy rounds", [round(v) for v in bw["copy_gbs_rounds"]],
+          f"GB/s; read {bw['read_gbs']:.0f} GB/s ({bw['read_basis']}-timed)", flush=True)
+  n = nbytes // 2
+  x = jax.random.normal(jax.random.key(0), (n,), jnp.bfloat16)
+
+  def prog(k):
+    def body(v):
+      acc = jnp.zeros((), jnp.float32)
+      for _ in range(k):
+        v, acc = lax.optimization_barrier((v, acc + jnp.sum(v, dtype=jnp.float32)))
+      return acc
+    return jax.jit(body)
+
+  f1, f9 = prog(1), prog(9)
+  f1(x).block_until_ready()
+  f9(x).block_until_ready()
+  out = []
+  for _ in range(rounds):
+    t1, t9 = [], []
+    for _ in range(20):
+      for f, ts in ((f1, t1), (f9, t9)):
+        t0 = time.perf_counter()
+        f(x).block_until_ready()
+        ts.append(time.perf_counter() - t0)
+    out.append(2 * n / ((statistics.median(t9) - statistics.median(t1)) / 8) / 1e9)
+  print("slope of 1 against 9 sums, random data: read rounds", [round(v) for v in out], "GB/s")
+
+
+if __name__ == "__main__":
+  spread()
