@@ -93,7 +93,7 @@ def _tp_model():
     yield model, hlo_check
   finally:
     sys.path.remove(str(EXAMPLE))
-    for name in ("hlo_check", "model", "attention"):
+    for name in ("hlo_check", "model", "attention", "matvec"):
       sys.modules.pop(name, None)
 
 
@@ -218,6 +218,8 @@ def test_step_forms_compute_the_same_logits(tp_model):
   """The fused decode step (model.Step()), the step as first written
   (Step.dots(): XLA's dots, a K and a V cache) and the step with the Pallas
   decode attention (Step(attn="pallas"), in Pallas's interpreter here)
+  and the steps with the Pallas matrix-vector products (Step(mv="pallas"),
+  alone, with the fused step's norm and with the Pallas attention)
   compute the same logits, and
   so does one TP=2 shard's model on one device with either form: fed the
   same tokens (the fused form's greedy tokens from decode_scan), every
@@ -240,7 +242,10 @@ def test_step_forms_compute_the_same_logits(tp_model):
     prompt = jnp.asarray(np.random.default_rng(2).integers(0, cfg.vocab, (1, plen)), jnp.int32)
     forms = {}
     for name, step in (("step", model.Step()), ("dots", model.Step.dots()),
-                       ("pallas", model.Step(attn="pallas"))):
+                       ("pallas", model.Step(attn="pallas")),
+                       ("matvec", model.Step(mv="pallas")),
+                       ("matvec_fused", model.Step(mv="pallas", norm="fused")),
+                       ("all_pallas", model.Step(mv="pallas", attn="pallas"))):
       m = model.build(cfg, mesh, 1, plen + n, step)
       params = m.init_params(0)
       tok0, cache = m.prefill()(params, prompt, m.init_cache())
@@ -260,7 +265,7 @@ def test_step_forms_compute_the_same_logits(tp_model):
         assert logits[name].shape == (cfg.vocab,)
       a = logits["step"]
       assert a.argmax() == toks[i], (i, a.argmax(), toks[i])
-      for other in ("dots", "pallas"):
+      for other in ("dots", "pallas", "matvec", "matvec_fused", "all_pallas"):
         rel = np.abs(a - logits[other]).max() / np.abs(a).max()
         assert rel < bound, (i, other, rel)
       tok = jnp.asarray(toks[i:i + 1])

@@ -168,6 +168,11 @@ ATTN = flags.DEFINE_enum("attn", "reduce", ["reduce", "dot", "pallas"],
                          "path: reduce (XLA's fusions over the whole cache), dot "
                          "(batched products) or pallas (the cache update, scores, "
                          "softmax and V in one Pallas kernel, attention.py).")
+MV = flags.DEFINE_enum("mv", "reduce", ["reduce", "dot", "pallas"],
+                       "The decode step's matrix-vector products (model.Step's mv) "
+                       "on every path: reduce (XLA's reductions), dot (XLA's dots) "
+                       "or pallas (one Pallas kernel a product with the residual "
+                       "add, RMSNorm's factor and the SiLU folded in, matvec.py).")
 SHARD_OF = flags.DEFINE_integer(
     "shard_of", 0, "Measure one device's share of a TP=N step: each preset at the "
     "per-device widths of TP=N (heads, KV heads, MLP width and vocabulary divided "
@@ -217,6 +222,7 @@ class Settings:
   flag_timeout: int = 900
   shard_of: int = 0
   attn: str = "reduce"
+  mv: str = "reduce"
 
 
 def flag_impl(flag: str) -> str:
@@ -355,7 +361,7 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
   add_norms = {"llar.fused": jax_llar.psum_add_rms_norm,
                "llar.split": model_lib.unfused_add_norm(jax_llar.psum),
                "lax.fused": model_lib.unfused_add_norm(lax.psum)}
-  m1 = model_lib.build(cfg, mesh, 1, max_len, model_lib.Step(attn=s.attn))
+  m1 = model_lib.build(cfg, mesh, 1, max_len, model_lib.Step(attn=s.attn, mv=s.mv))
   t0 = time.perf_counter()
   params = m1.init_params(s.seed)
   jax.block_until_ready(params)
@@ -368,18 +374,21 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
   rows, first_ids = [], {}
   progress = Progress(len(batches), f"decode {name}")
   for b in batches:
-    m = model_lib.build(cfg, mesh, b, max_len, model_lib.Step(attn=s.attn))
+    m = model_lib.build(cfg, mesh, b, max_len, model_lib.Step(attn=s.attn, mv=s.mv))
     # The fused step form: the same weights and prefilled cache.
-    mf = model_lib.build(cfg, mesh, b, max_len, model_lib.Step(norm="fused", attn=s.attn))
+    mf = model_lib.build(cfg, mesh, b, max_len,
+                         model_lib.Step(norm="fused", attn=s.attn, mv=s.mv))
     tok0, cache0 = _batch_of(seqs, b, mesh)
     workload = (f"{name} batch {b}" + (f", one TP={s.shard_of} shard" if s.shard_of else "")
-                + (f", attn {s.attn}" if s.attn != "reduce" else ""))
+                + (f", attn {s.attn}" if s.attn != "reduce" else "")
+                + (f", mv {s.mv}" if s.mv != "reduce" else ""))
     common = {"world_size": m.tp, "dtype": "bfloat16", "metric": "itl_us",
               "workload": workload, "preset": name, "batch": b, "tokens": s.tokens,
               "chunk": s.chunk, "prompt": s.prompt, "loop": s.loop, "repeats": s.repeats}
     if s.shard_of:
       common["shard_of"] = s.shard_of
     common["attn"] = s.attn
+    common["mv"] = s.mv
     timed = [i for i in impls if i in fns]
     decs = {}
     for impl in timed:
@@ -482,7 +491,7 @@ def child_command(s: Settings, presets, out_json: str) -> list[str]:
           "--batches=" + ",".join(map(str, s.flag_batches)), f"--tokens={s.tokens}",
           f"--chunk={s.chunk}", f"--prompt={s.prompt}", f"--repeats={s.repeats}",
           f"--loop={s.loop}", f"--tp={s.tp}", f"--seed={s.seed}", f"--attn={s.attn}",
-          f"--json={out_json}", "--noplot", f"--autotune_cache={AUTOTUNE_CACHE.value}"]
+          f"--mv={s.mv}", f"--json={out_json}", "--noplot", f"--autotune_cache={AUTOTUNE_CACHE.value}"]
 
 
 def run_flag_baselines(s: Settings, presets) -> tuple[list[dict], list[dict]]:
@@ -824,7 +833,7 @@ def settings_from_flags(gpu: bool, n_gpus: int = 0) -> Settings:
       flag_batches=_ints(FLAG_BATCHES.value, "flag_batches"), tokens=TOKENS.value,
       chunk=CHUNK.value, prompt=PROMPT.value, repeats=REPEATS.value, loop=LOOP.value,
       tp=TP.value, seed=SEED.value, flag_timeout=FLAG_TIMEOUT.value,
-      shard_of=shard_of, attn=ATTN.value)
+      shard_of=shard_of, attn=ATTN.value, mv=MV.value)
 
 
 def main() -> int:

@@ -77,6 +77,7 @@ from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import attention  # this folder's: the Pallas decode attention of Step(attn="pallas")
+import matvec  # this folder's: the Pallas matrix-vector products of Step(mv="pallas")
 
 PsumFn = Callable[[jax.Array, str], jax.Array]
 # add_norm(partial, residual, weight, axis_name, eps) -> (normed, new_residual):
@@ -206,8 +207,13 @@ class Step:
 
   Attributes:
     mv: matrix-vector products (at most `mv_rows` rows) as "reduce" (a
-      product and a row reduction, `_mv`) or "dot" (XLA's dot, which it
-      turns into a reduction, a Triton GEMM or a cuBLAS call).
+      product and a row reduction, `_mv`), "dot" (XLA's dot, which it
+      turns into a reduction, a Triton GEMM or a cuBLAS call) or "pallas"
+      (one Pallas kernel a product, matvec.py, with the residual add that
+      follows each all-reduce, RMSNorm's factor and the SiLU folded into
+      the products after them: the residual stream is added in the next
+      product's kernel, which writes it out; norm "inrow" or "fused", glu
+      and head as with "reduce"; Pallas's interpreter off GPUs).
     norm: RMSNorm's sum of squares "inrow" (carried in the next product's
       reduction; needs mv "reduce"), "apart" (a reduction of its own) or
       "fused" (the all-reduce that ends a block, the residual add and the
@@ -266,6 +272,8 @@ class Model:
     self.step = step
     if step.attn == "pallas" and step.kv != "fused":
       raise ValueError('Step(attn="pallas") needs kv="fused" (one cache per layer)')
+    if step.mv == "pallas" and step.norm == "apart":
+      raise ValueError('Step(mv="pallas") needs norm "inrow" or "fused"')
     self.tp = tp = mesh.shape["tp"]
     if cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.d_ff % tp or cfg.vocab % tp:
       raise ValueError(f"tensor-parallel size {tp} must divide the heads "
@@ -384,17 +392,25 @@ class Model:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
   def _vec(self, m: int) -> bool:
-    """Whether products of m rows take the `_mv` form."""
-    return self.step.mv == "reduce" and m <= self.step.mv_rows
+    """Whether products of m rows take the `_mv` (or matvec) form."""
+    return self.step.mv in ("reduce", "pallas") and m <= self.step.mv_rows
 
-  def _layer(self, lp, x, h, cache, pos, psum_fn: PsumFn, add_norm: AddNormFn | None):
+  def _mvp(self, x, w, **kw):
+    """matvec.matvec on this model's device kind (its interpreter off GPUs)."""
+    return matvec.matvec(x, w, interpret=self._pallas_interpret, **kw)
+
+  def _layer(self, lp, x, h, cache, pos, psum_fn: PsumFn, add_norm: AddNormFn | None,
+             pend=None):
     """One decoder layer on x (B, T, D) at positions pos .. pos + T - 1; the
     new keys and values are written into the layer's cache (B, KV/tp, S,
     hd), a tuple (k, v) or (kv,). With norm "fused", h is x's RMSNorm
     (B, T, D) bfloat16 and the layer returns the next one; else h is None.
+    With mv "pallas" (and norm "inrow"), pend is the all-reduced output not
+    yet added to x (None: nothing pending): the layer's first product adds
+    it, and the layer returns its own last all-reduce's output as pend.
 
     Returns:
-      (x, h, cache) after the layer.
+      (x, h, cache, pend) after the layer.
     """
     c, st = self.cfg, self.step
     b, t, d = x.shape
@@ -402,8 +418,19 @@ class Model:
     g = hl // kl
     vec = self._vec(b * t)
     fused = st.norm == "fused"
+    pallas = vec and st.mv == "pallas"
+    if pend is not None and not pallas:
+      x, pend = x + pend, None
     xf = x.reshape(b * t, d)
-    if fused:
+    if pallas and fused:
+      qkv = self._mvp(h.reshape(b * t, d), lp["wqkv"])
+    elif pallas:
+      res = None if pend is None else pend.reshape(b * t, d)
+      out = self._mvp(xf, lp["wqkv"], residual=res, norm_eps=c.norm_eps, round_first=True,
+                      out_dtype=jnp.float32)
+      qkv, xf = out if res is not None else (out, xf)
+      x, pend = xf.reshape(b, t, d), None
+    elif fused:
       hf = h.reshape(b * t, d)
       qkv = _mv(hf, [lp["wqkv"]], False)[0][0].astype(DTYPE) if vec else _mm(hf, lp["wqkv"])
     elif vec:
@@ -457,12 +484,30 @@ class Model:
         p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), -1).astype(DTYPE)
         o = jnp.einsum("bkrs,bksd->bkrd", p, vc)  # (B, KV, T * G, hd)
         o = o.reshape(b, kl, t, g, hd).transpose(0, 2, 1, 3, 4).reshape(b * t, hl * hd)
-    if vec:
+    if pallas:
+      ao = self._mvp(o, lp["wo"])
+    elif vec:
       (ao,), _ = _mv(o, [lp["wo"]], False)
       ao = ao.astype(DTYPE)
     else:
       ao = _mm(o, lp["wo"])
     f = self.f_loc
+    if pallas:
+      # The SiLU of gate and up in the product's kernel; without the fused
+      # step, the residual add of the all-reduce and RMSNorm's factor too.
+      if fused:
+        h, x = add_norm(ao.reshape(b, t, d), x, self._gain(d), "tp", eps=c.norm_eps)
+        m = self._mvp(h.reshape(b * t, d), lp["wgu"], glu=True, round_first=True)
+      else:
+        m, xf = self._mvp(xf, lp["wgu"], residual=psum_fn(ao.reshape(b, t, d), "tp").reshape(
+            b * t, d), norm_eps=c.norm_eps, glu=True, round_first=True)
+        x = xf.reshape(b, t, d)
+      dn = self._mvp(m, lp["wdown"])
+      if fused:
+        h, x = add_norm(dn.reshape(b, t, d), x, self._gain(d), "tp", eps=c.norm_eps)
+      else:
+        pend = psum_fn(dn.reshape(b, t, d), "tp")
+      return x, h, cache, pend
     if fused:
       h, x = add_norm(ao.reshape(b, t, d), x, self._gain(d), "tp", eps=c.norm_eps)
       hf = h.reshape(b * t, d)
@@ -501,7 +546,7 @@ class Model:
       h, x = add_norm(dn.reshape(b, t, d), x, self._gain(d), "tp", eps=c.norm_eps)
     else:
       x = x + psum_fn(dn.reshape(b, t, d), "tp")
-    return x, h, cache
+    return x, h, cache, None
 
   @staticmethod
   def _gain(d: int) -> jax.Array:
@@ -537,13 +582,23 @@ class Model:
       add_norm = unfused_add_norm(psum_fn)
     x = params["embed"][tokens]  # (B, T, D)
     h = rms_norm(x, self._gain(x.shape[-1]), self.cfg.norm_eps) if st.norm == "fused" else None
-    new_cache = []
+    new_cache, pend = [], None
     for i, (lp, cl) in enumerate(zip(params["layers"], cache)):  # unrolled
       with jax.named_scope(f"layer{i}"):  # names the layer in profiles and HLO
-        x, h, cl = self._layer(lp, x, h, cl, pos, psum_fn, add_norm)
+        x, h, cl, pend = self._layer(lp, x, h, cl, pos, psum_fn, add_norm, pend)
       new_cache.append(cl)
     xl = x[:, -1]
-    if st.norm == "fused":
+    pallas_head = st.mv == "pallas" and st.head == "mv" and self._vec(xl.shape[0])
+    if pend is not None and not pallas_head:
+      xl = xl + pend[:, -1]
+    if pallas_head and st.norm == "fused":
+      logits = self._mvp(h[:, -1], params["lm_head"], out_dtype=jnp.float32)
+    elif pallas_head:
+      out = self._mvp(xl, params["lm_head"], out_dtype=jnp.float32,
+                      residual=None if pend is None else pend[:, -1],
+                      norm_eps=self.cfg.norm_eps if st.head_scale else None)
+      logits = out[0] if pend is not None else out
+    elif st.norm == "fused":
       # h is the last layer's output normalised: the head takes it as it is.
       hl = h[:, -1]
       if st.head == "mv" and self._vec(hl.shape[0]):
