@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -49,10 +50,37 @@ from jax.experimental.pallas import triton as plgpu
 @dataclasses.dataclass(frozen=True)
 class Tile:
   """A program's share: `rows` output rows (a power of two), read `chunk`
-  columns a step (a power of two dividing K), by `warps` warps."""
+  columns a step (a power of two dividing K), by `warps` warps; `stages` 0
+  unrolls the steps (straight-line code: the compiler may issue every
+  step's loads at once), n >= 1 makes them a loop that Triton pipelines
+  n deep."""
   rows: int
   chunk: int
   warps: int = 4
+  stages: int = 0
+
+
+# Tiles measured best per (N, K, glu) on one H200 (matvec_bench.py; the
+# results file is named in benchmarks/NOTES.md); `tile` falls back to its
+# rules for other shapes. MATVEC_TILES=<json file> (matvec_bench.py
+# --best_out) replaces the table.
+TILES: dict[tuple[int, int, bool], Tile] = {}
+
+
+def load_tiles(path: str) -> dict[tuple[int, int, bool], Tile]:
+  """{"N,K,glu": [rows, chunk, warps, stages]} from `path` as TILES' keys."""
+  import json
+  with open(path) as f:
+    raw = json.load(f)
+  out = {}
+  for key, v in raw.items():
+    n, k, glu = key.split(",")
+    out[(int(n), int(k), glu == "True")] = Tile(*v)
+  return out
+
+
+if os.environ.get("MATVEC_TILES"):
+  TILES = load_tiles(os.environ["MATVEC_TILES"])
 
 
 # Programs a product aims at: enough that every one of H200's 132
@@ -71,7 +99,10 @@ def tile(n: int, k: int, glu: bool = False) -> Tile:
   """The default tile for an (n, k) product (n output rows; with glu, n is F,
   each half's rows): as many rows as keep about TARGET_PROGRAMS programs
   (at least 1, a power of two dividing n), and the widest chunk dividing k
-  that keeps the partial sums within ACC_ELEMENTS."""
+  that keeps the partial sums within ACC_ELEMENTS; a shape in TILES takes
+  its measured tile."""
+  if (n, k, glu) in TILES:
+    return TILES[(n, k, glu)]
   rows = 1
   while n % (rows * 2) == 0 and n // (rows * 2) >= TARGET_PROGRAMS:
     rows *= 2
@@ -95,12 +126,11 @@ def _kernel(*refs, k: int, t: Tile, residual: bool, norm: bool, glu: bool,
   o_ref = next(it)
   xs_ref = next(it) if residual else None
   f32 = jnp.float32
-  acc = jnp.zeros((t.rows, t.chunk), f32)
-  accu = jnp.zeros((t.rows, t.chunk), f32) if glu else None
-  ss = jnp.zeros((t.chunk,), f32)
   first_column = pl.program_id(1) == 0
-  for c in range(k // t.chunk):  # unrolled: every chunk's loads can be issued at once
-    cols = pl.ds(c * t.chunk, t.chunk)
+
+  def step(start, carry):
+    acc, accu, ss = carry
+    cols = pl.ds(start, t.chunk)
     xc = x_ref[cols].astype(f32)
     if residual:
       xb = (xc + r_ref[cols].astype(f32)).astype(xs_ref.dtype)
@@ -114,6 +144,18 @@ def _kernel(*refs, k: int, t: Tile, residual: bool, norm: bool, glu: bool,
       accu += u_ref[:, cols].astype(f32) * xc[None, :]
     if norm:
       ss += xc * xc
+    return acc, accu, ss
+
+  zeros = jnp.zeros((t.rows, t.chunk), f32)
+  carry = (zeros, zeros if glu else None, jnp.zeros((t.chunk,), f32))
+  if t.stages:
+    carry = jax.lax.fori_loop(
+        0, k // t.chunk,
+        lambda c, cr: step(pl.multiple_of(c * t.chunk, t.chunk), cr), carry)
+  else:
+    for c in range(k // t.chunk):
+      carry = step(c * t.chunk, carry)
+  acc, accu, ss = carry
   y = jnp.sum(acc, 1)
   u = jnp.sum(accu, 1) if glu else None
   if round_first:
@@ -186,6 +228,6 @@ def matvec(x: jax.Array, w: jax.Array, *, residual: jax.Array | None = None,
   args = [x] + ([residual] if residual is not None else []) + [w] + ([w] if glu else [])
   out = pl.pallas_call(
       kernel, grid=(m, blocks), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
-      compiler_params=plgpu.CompilerParams(num_warps=t.warps, num_stages=1),
+      compiler_params=plgpu.CompilerParams(num_warps=t.warps, num_stages=max(1, t.stages)),
       interpret=interpret, name="matvec_glu" if glu else "matvec")(*args)
   return (out[0], out[1]) if residual is not None else out[0]

@@ -39,6 +39,27 @@ CALLS = flags.DEFINE_integer("calls", 3, "Profiled calls per form.")
 TOLERANCE = flags.DEFINE_float("tolerance", 2e-2, "Largest relative difference allowed.")
 MAX_SECONDS = flags.DEFINE_integer("max_seconds", 0, "Stop starting forms after this (0: none).")
 JSON_F = flags.DEFINE_string("json", None, "Write the rows here.")
+SWEEP = flags.DEFINE_boolean("sweep", False, "Try the tiles of `sweep_tiles` (in place of "
+                             "--rows, --chunks and --warps).")
+BEST_OUT = flags.DEFINE_string("best_out", None, "Write the fastest correct tile per shape "
+                               "here, as matvec.load_tiles reads it (MATVEC_TILES).")
+
+
+def sweep_tiles(n: int, k: int, glu: bool) -> list:
+  """The tiles --sweep tries for an (n, k) product: rows 1-8 and chunks of
+  512-2048 columns whose partial sums hold 2048-16384 elements, at 4 warps
+  (and 8 from 8192 elements), unrolled; and two of them as pipelined loops
+  (3 stages)."""
+  import matvec
+  out = []
+  for rows in (1, 2, 4, 8):
+    for chunk in (512, 1024, 2048):
+      e = rows * chunk * (2 if glu else 1)
+      if n % rows or k % chunk or not 2048 <= e <= 16384:
+        continue
+      out += [matvec.Tile(rows, chunk, w) for w in (4, 8) if w == 4 or e >= 8192]
+  out += [matvec.Tile(r, 1024, 4, 3) for r in (2, 4) if n % r == 0 and k % 1024 == 0]
+  return out
 
 
 def shapes(cfg, tp: int) -> dict:
@@ -62,7 +83,7 @@ def main(argv):
   from jax_llar.tools import traces
 
   eps = 1e-5
-  rows_out = []
+  rows_out, best = [], {}
   t_start = time.time()
   on_gpu = jax.devices()[0].platform == "gpu"
 
@@ -111,27 +132,42 @@ def main(argv):
       return outs, xs
     return jax.jit(prog)
 
-  def timed(fn, args, copies):
-    if not on_gpu:
-      return {}
-    events = [e for e in traces.profile(fn, *args, calls=CALLS.value)
-              if e.process.startswith(traces.DEVICE_PREFIX) and e.dur > 0]
-    if not events:
-      return {}
-    events.sort(key=lambda e: e.ts)
-    # Calls are separated by host waits: split the kernels into calls at
-    # gaps longer than 50 us, keep the median call's figures.
-    calls, cur = [], [events[0]]
-    for e in events[1:]:
-      if e.ts - (cur[-1].ts + cur[-1].dur) > 50:
+  def timed_all(fns, args, copies):
+    """Per fn: {"device_us", "span_us", "kernels_per_call"}, the median of
+    its --calls calls, all traced in one profiler session; calls are told
+    apart by a 2 ms host pause after each."""
+    if not on_gpu or not fns:
+      return [{} for _ in fns]
+
+    def run_all():
+      for fn in fns:
+        for _ in range(CALLS.value):
+          jax.block_until_ready(fn(*args))
+          time.sleep(0.002)
+
+    events = sorted((e for e in traces.profile(run_all, calls=1)
+                     if e.process.startswith(traces.DEVICE_PREFIX) and e.dur > 0),
+                    key=lambda e: e.ts)
+    calls, cur = [], []
+    for e in events:
+      if cur and e.ts - max(c.ts + c.dur for c in cur) > 1000:
         calls.append(cur)
         cur = []
       cur.append(e)
-    calls.append(cur)
-    per = sorted((sum(e.dur for e in c) / copies,
-                  (c[-1].ts + c[-1].dur - c[0].ts) / copies, len(c)) for c in calls)
-    dev, span, kernels = per[len(per) // 2]
-    return {"device_us": dev, "span_us": span, "kernels_per_call": kernels}
+    if cur:
+      calls.append(cur)
+    if len(calls) != len(fns) * CALLS.value:
+      print(f"timing: {len(calls)} calls in the trace, {len(fns) * CALLS.value} made: "
+            "not timed", flush=True)
+      return [{} for _ in fns]
+    out = []
+    for i in range(len(fns)):
+      per = sorted((sum(e.dur for e in c) / copies,
+                    (max(e.ts + e.dur for e in c) - c[0].ts) / copies, len(c))
+                   for c in calls[i * CALLS.value:(i + 1) * CALLS.value])
+      dev, span, kernels = per[len(per) // 2]
+      out.append({"device_us": dev, "span_us": span, "kernels_per_call": kernels})
+    return out
 
   for preset in PRESETS_F.value:
     cfg = model.PRESETS[preset]
@@ -148,25 +184,31 @@ def main(argv):
       ref_fn = chain(xla_form(kind, n), copies)
       ref, ref_xs = jax.block_until_ready(ref_fn(x, r, ws))
       nout = n // 2 if kind == "glu" else n
+      if not on_gpu and SWEEP.value:
+        print(f"{preset} {name}: {len(sweep_tiles(nout, k, kind == 'glu'))} tiles", flush=True)
       forms = [("xla", None)]
-      rows_try = [int(v) for v in ROWS.value] or [matvec.tile(nout, k, kind == "glu").rows]
-      chunks_try = [int(v) for v in CHUNKS.value] or [None]
-      for rows in rows_try:
-        for chunk in chunks_try:
-          for warps in (int(v) for v in WARPS.value):
-            t0 = matvec.tile(nout, k, kind == "glu")
-            t = matvec.Tile(rows, chunk or t0.chunk, warps)
-            acc = t.rows * t.chunk * (2 if kind == "glu" else 1)
-            if nout % t.rows or k % t.chunk or acc > MAX_ACC.value:
-              continue
-            forms.append(("pallas", t))
+      glu = kind == "glu"
+      if SWEEP.value:
+        forms += [("pallas", t) for t in sweep_tiles(nout, k, glu)]
+      else:
+        t0 = matvec.tile(nout, k, glu)
+        for rows in [int(v) for v in ROWS.value] or [t0.rows]:
+          for chunk in [int(v) for v in CHUNKS.value] or [t0.chunk]:
+            for warps in (int(v) for v in WARPS.value):
+              t = matvec.Tile(rows, chunk, warps)
+              if nout % t.rows or k % t.chunk or t.rows * t.chunk * (1 + glu) > MAX_ACC.value:
+                continue
+              forms.append(("pallas", t))
+      # Compile and check every form first, then time them all in one
+      # profiler trace (its start and stop cost more than the runs).
+      pending = []
       for form, t in forms:
         if MAX_SECONDS.value and time.time() - t_start > MAX_SECONDS.value:
           print(f"stopped at --max_seconds={MAX_SECONDS.value}", flush=True)
           break
         row = {"preset": preset, "product": name, "n": n, "k": k, "kind": kind,
                "weight_bytes": nbytes, "copies": copies, "form": form,
-               "tile": None if t is None else [t.rows, t.chunk, t.warps]}
+               "tile": None if t is None else [t.rows, t.chunk, t.warps, t.stages]}
         try:
           if form == "xla":
             fn = ref_fn
@@ -179,14 +221,27 @@ def main(argv):
             row["residual_equal"] = bool(np.array_equal(np.asarray(xs, np.float32),
                                                         np.asarray(ref_xs, np.float32)))
             row["ok"] = row["max_rel_diff"] <= TOLERANCE.value and row["residual_equal"]
-          row.update(timed(fn, (x, r, ws), copies))
+          pending.append((row, fn, t))
         except Exception as e:  # a tile Triton cannot compile is a row, not the end
           row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+          rows_out.append(row)
+          print(json.dumps(row), flush=True)
+      for (row, fn, t), tm in zip(pending, timed_all([p[1] for p in pending], (x, r, ws),
+                                                     copies)):
+        row.update(tm)
         if "device_us" in row:
           row["device_gbs"] = nbytes / row["device_us"] / 1e3
           row["span_gbs"] = nbytes / row["span_us"] / 1e3
         rows_out.append(row)
         print(json.dumps(row), flush=True)
+        if row["form"] == "pallas" and row.get("ok") and "device_us" in row:
+          key = f"{nout},{k},{kind == 'glu'}"
+          if key not in best or row["device_us"] < best[key][1]:
+            best[key] = ([t.rows, t.chunk, t.warps, t.stages], row["device_us"])
+  if BEST_OUT.value:
+    with open(BEST_OUT.value, "w") as f:
+      json.dump({key: v[0] for key, v in best.items()}, f, indent=1)
+    print("best tiles:", json.dumps(best), flush=True)
   if JSON_F.value:
     with open(JSON_F.value, "w") as f:
       json.dump({"rows": rows_out, "devices": [str(d) for d in jax.devices()[:1]]}, f, indent=1)
