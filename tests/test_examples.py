@@ -219,7 +219,8 @@ def test_step_forms_compute_the_same_logits(tp_model):
   (Step.dots(): XLA's dots, a K and a V cache) and the step with the Pallas
   decode attention (Step(attn="pallas"), in Pallas's interpreter here)
   and the steps with the Pallas matrix-vector products (Step(mv="pallas"),
-  alone, with the fused step's norm and with the Pallas attention)
+  for every product, with the fused step's norm for Q, K, V and gate and
+  up only, and with the Pallas attention for the other three only)
   compute the same logits, and
   so does one TP=2 shard's model on one device with either form: fed the
   same tokens (the fused form's greedy tokens from decode_scan), every
@@ -244,8 +245,10 @@ def test_step_forms_compute_the_same_logits(tp_model):
     for name, step in (("step", model.Step()), ("dots", model.Step.dots()),
                        ("pallas", model.Step(attn="pallas")),
                        ("matvec", model.Step(mv="pallas")),
-                       ("matvec_fused", model.Step(mv="pallas", norm="fused")),
-                       ("all_pallas", model.Step(mv="pallas", attn="pallas"))):
+                       ("matvec_fused", model.Step(mv="pallas", norm="fused",
+                                                   pallas_products=("qkv", "gu"))),
+                       ("all_pallas", model.Step(mv="pallas", attn="pallas",
+                                                 pallas_products=("o", "down", "head")))):
       m = model.build(cfg, mesh, 1, plen + n, step)
       params = m.init_params(0)
       tok0, cache = m.prefill()(params, prompt, m.init_cache())

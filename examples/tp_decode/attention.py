@@ -211,8 +211,17 @@ def decode_attention(qkv: jax.Array, cache: jax.Array, pos: jax.Array, freq: jax
       name="decode_attention",
   )(jnp.reshape(pos, (1,)).astype(jnp.int32), freq.astype(jnp.float32), rows, rows, rows, cache)
   # The splits combined: each scaled to the largest maximum (a split with
-  # no position keeps maximum -inf and weight 0).
-  top = jnp.max(m, 2, keepdims=True)
-  w = jnp.exp(m - top)  # (B, KV, splits, G)
-  out = jnp.sum(w[..., None] * o, 2) / jnp.sum(w * l, 2)[..., None]
-  return out.astype(cache.dtype), cache
+  # no position keeps maximum -inf and weight 0). Written over the splits
+  # one by one (their number is static) so that the combine is elementwise
+  # and XLA makes it one kernel; a reduction over the splits' axis followed
+  # by another made two.
+  top = m[:, :, 0]
+  for i in range(1, splits):
+    top = jnp.maximum(top, m[:, :, i])
+  num = jnp.zeros(o.shape[:2] + o.shape[3:], jnp.float32)
+  den = jnp.zeros(top.shape, jnp.float32)
+  for i in range(splits):
+    w = jnp.exp(m[:, :, i] - top)  # (B, KV, G)
+    num = num + w[..., None] * o[:, :, i]
+    den = den + w * l[:, :, i]
+  return (num / den[..., None]).astype(cache.dtype), cache

@@ -173,6 +173,9 @@ MV = flags.DEFINE_enum("mv", "reduce", ["reduce", "dot", "pallas"],
                        "on every path: reduce (XLA's reductions), dot (XLA's dots) "
                        "or pallas (one Pallas kernel a product with the residual "
                        "add, RMSNorm's factor and the SiLU folded in, matvec.py).")
+MV_PRODUCTS = flags.DEFINE_list("mv_products", ["qkv", "o", "gu", "down", "head"],
+                                "With --mv=pallas, the products that take the Pallas "
+                                "kernel (model.Step's pallas_products).")
 SHARD_OF = flags.DEFINE_integer(
     "shard_of", 0, "Measure one device's share of a TP=N step: each preset at the "
     "per-device widths of TP=N (heads, KV heads, MLP width and vocabulary divided "
@@ -223,6 +226,12 @@ class Settings:
   shard_of: int = 0
   attn: str = "reduce"
   mv: str = "reduce"
+  mv_products: tuple = ("qkv", "o", "gu", "down", "head")
+
+
+def _step(s: Settings, **kw) -> "model_lib.Step":
+  """The step form of --attn, --mv and --mv_products (kw: other fields)."""
+  return model_lib.Step(attn=s.attn, mv=s.mv, pallas_products=s.mv_products, **kw)
 
 
 def flag_impl(flag: str) -> str:
@@ -361,7 +370,7 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
   add_norms = {"llar.fused": jax_llar.psum_add_rms_norm,
                "llar.split": model_lib.unfused_add_norm(jax_llar.psum),
                "lax.fused": model_lib.unfused_add_norm(lax.psum)}
-  m1 = model_lib.build(cfg, mesh, 1, max_len, model_lib.Step(attn=s.attn, mv=s.mv))
+  m1 = model_lib.build(cfg, mesh, 1, max_len, _step(s))
   t0 = time.perf_counter()
   params = m1.init_params(s.seed)
   jax.block_until_ready(params)
@@ -374,14 +383,15 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
   rows, first_ids = [], {}
   progress = Progress(len(batches), f"decode {name}")
   for b in batches:
-    m = model_lib.build(cfg, mesh, b, max_len, model_lib.Step(attn=s.attn, mv=s.mv))
+    m = model_lib.build(cfg, mesh, b, max_len, _step(s))
     # The fused step form: the same weights and prefilled cache.
     mf = model_lib.build(cfg, mesh, b, max_len,
-                         model_lib.Step(norm="fused", attn=s.attn, mv=s.mv))
+                         _step(s, norm="fused"))
     tok0, cache0 = _batch_of(seqs, b, mesh)
     workload = (f"{name} batch {b}" + (f", one TP={s.shard_of} shard" if s.shard_of else "")
                 + (f", attn {s.attn}" if s.attn != "reduce" else "")
-                + (f", mv {s.mv}" if s.mv != "reduce" else ""))
+                + (f", mv {s.mv}" if s.mv != "reduce" else "")
+                + (f" ({'+'.join(s.mv_products)})" if s.mv == "pallas" else ""))
     common = {"world_size": m.tp, "dtype": "bfloat16", "metric": "itl_us",
               "workload": workload, "preset": name, "batch": b, "tokens": s.tokens,
               "chunk": s.chunk, "prompt": s.prompt, "loop": s.loop, "repeats": s.repeats}
@@ -389,6 +399,8 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
       common["shard_of"] = s.shard_of
     common["attn"] = s.attn
     common["mv"] = s.mv
+    if s.mv == "pallas":
+      common["mv_products"] = list(s.mv_products)
     timed = [i for i in impls if i in fns]
     decs = {}
     for impl in timed:
@@ -491,7 +503,7 @@ def child_command(s: Settings, presets, out_json: str) -> list[str]:
           "--batches=" + ",".join(map(str, s.flag_batches)), f"--tokens={s.tokens}",
           f"--chunk={s.chunk}", f"--prompt={s.prompt}", f"--repeats={s.repeats}",
           f"--loop={s.loop}", f"--tp={s.tp}", f"--seed={s.seed}", f"--attn={s.attn}",
-          f"--mv={s.mv}", f"--json={out_json}", "--noplot", f"--autotune_cache={AUTOTUNE_CACHE.value}"]
+          f"--mv={s.mv}", "--mv_products=" + ",".join(s.mv_products), f"--json={out_json}", "--noplot", f"--autotune_cache={AUTOTUNE_CACHE.value}"]
 
 
 def run_flag_baselines(s: Settings, presets) -> tuple[list[dict], list[dict]]:
@@ -833,7 +845,8 @@ def settings_from_flags(gpu: bool, n_gpus: int = 0) -> Settings:
       flag_batches=_ints(FLAG_BATCHES.value, "flag_batches"), tokens=TOKENS.value,
       chunk=CHUNK.value, prompt=PROMPT.value, repeats=REPEATS.value, loop=LOOP.value,
       tp=TP.value, seed=SEED.value, flag_timeout=FLAG_TIMEOUT.value,
-      shard_of=shard_of, attn=ATTN.value, mv=MV.value)
+      shard_of=shard_of, attn=ATTN.value, mv=MV.value,
+      mv_products=tuple(MV_PRODUCTS.value))
 
 
 def main() -> int:

@@ -64,7 +64,20 @@ class Tile:
 # results file is named in benchmarks/NOTES.md); `tile` falls back to its
 # rules for other shapes. MATVEC_TILES=<json file> (matvec_bench.py
 # --best_out) replaces the table.
-TILES: dict[tuple[int, int, bool], Tile] = {}
+TILES: dict[tuple[int, int, bool], Tile] = {
+    # One TP=2 shard of Llama-3.2-1B: qkv, o, [gate; up], down, LM head.
+    (1536, 2048, False): Tile(2, 1024, 4, 3),
+    (2048, 1024, False): Tile(2, 1024, 4),
+    (4096, 2048, True): Tile(4, 2048, 4),
+    (2048, 4096, False): Tile(2, 2048, 4),
+    (64128, 2048, False): Tile(4, 2048, 4),
+    # One TP=2 shard of Llama-3-8B.
+    (3072, 4096, False): Tile(8, 1024, 4),
+    (4096, 2048, False): Tile(1, 2048, 4),
+    (7168, 4096, True): Tile(2, 2048, 4),
+    (4096, 7168, False): Tile(4, 512, 4),
+    (64128, 4096, False): Tile(4, 2048, 8),
+}
 
 
 def load_tiles(path: str) -> dict[tuple[int, int, bool], Tile]:

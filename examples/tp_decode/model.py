@@ -213,7 +213,9 @@ class Step:
       follows each all-reduce, RMSNorm's factor and the SiLU folded into
       the products after them: the residual stream is added in the next
       product's kernel, which writes it out; norm "inrow" or "fused", glu
-      and head as with "reduce"; Pallas's interpreter off GPUs).
+      "inrow", head as with "reduce"; Pallas's interpreter off GPUs).
+    pallas_products: with mv "pallas", the products that take the Pallas
+      kernel (of "qkv", "o", "gu", "down", "head"); the others take `_mv`.
     norm: RMSNorm's sum of squares "inrow" (carried in the next product's
       reduction; needs mv "reduce"), "apart" (a reduction of its own) or
       "fused" (the all-reduce that ends a block, the residual add and the
@@ -245,6 +247,7 @@ class Step:
   head: str = "mv"
   head_scale: bool = True
   mv_rows: int = 1
+  pallas_products: tuple[str, ...] = ("qkv", "o", "gu", "down", "head")
 
   @classmethod
   def dots(cls) -> "Step":
@@ -419,12 +422,13 @@ class Model:
     vec = self._vec(b * t)
     fused = st.norm == "fused"
     pallas = vec and st.mv == "pallas"
-    if pend is not None and not pallas:
+    pk = lambda name: pallas and name in st.pallas_products
+    if pend is not None and not pk("qkv"):
       x, pend = x + pend, None
     xf = x.reshape(b * t, d)
-    if pallas and fused:
+    if pk("qkv") and fused:
       qkv = self._mvp(h.reshape(b * t, d), lp["wqkv"])
-    elif pallas:
+    elif pk("qkv"):
       res = None if pend is None else pend.reshape(b * t, d)
       out = self._mvp(xf, lp["wqkv"], residual=res, norm_eps=c.norm_eps, round_first=True,
                       out_dtype=jnp.float32)
@@ -484,7 +488,7 @@ class Model:
         p = jax.nn.softmax(jnp.where(mask, s, -jnp.inf), -1).astype(DTYPE)
         o = jnp.einsum("bkrs,bksd->bkrd", p, vc)  # (B, KV, T * G, hd)
         o = o.reshape(b, kl, t, g, hd).transpose(0, 2, 1, 3, 4).reshape(b * t, hl * hd)
-    if pallas:
+    if pk("o"):
       ao = self._mvp(o, lp["wo"])
     elif vec:
       (ao,), _ = _mv(o, [lp["wo"]], False)
@@ -495,14 +499,30 @@ class Model:
     if pallas:
       # The SiLU of gate and up in the product's kernel; without the fused
       # step, the residual add of the all-reduce and RMSNorm's factor too.
+      wgu = lp["wgu"]
       if fused:
         h, x = add_norm(ao.reshape(b, t, d), x, self._gain(d), "tp", eps=c.norm_eps)
-        m = self._mvp(h.reshape(b * t, d), lp["wgu"], glu=True, round_first=True)
+        hf = h.reshape(b * t, d)
+        if pk("gu"):
+          m = self._mvp(hf, wgu, glu=True, round_first=True)
+        else:
+          (gt, up), _ = _mv(hf, [wgu[:f], wgu[f:]], False)
+          m = (jax.nn.silu(gt.astype(DTYPE).astype(jnp.float32))
+               * up.astype(DTYPE).astype(jnp.float32)).astype(DTYPE)
       else:
-        m, xf = self._mvp(xf, lp["wgu"], residual=psum_fn(ao.reshape(b, t, d), "tp").reshape(
-            b * t, d), norm_eps=c.norm_eps, glu=True, round_first=True)
+        d1 = psum_fn(ao.reshape(b, t, d), "tp").reshape(b * t, d)
+        if pk("gu"):
+          m, xf = self._mvp(xf, wgu, residual=d1, norm_eps=c.norm_eps, glu=True,
+                            round_first=True)
+        else:
+          xf = xf + d1
+          (gt, up), ss = _mv(xf, [wgu[:f], wgu[f:]], True)
+          r = self._rms_scale(xf, ss)
+          m = (jax.nn.silu(gt.astype(DTYPE).astype(jnp.float32) * r)
+               * (up.astype(DTYPE).astype(jnp.float32) * r)).astype(DTYPE)
         x = xf.reshape(b, t, d)
-      dn = self._mvp(m, lp["wdown"])
+      dn = (self._mvp(m, lp["wdown"]) if pk("down")
+            else _mv(m, [lp["wdown"]], False)[0][0].astype(DTYPE))
       if fused:
         h, x = add_norm(dn.reshape(b, t, d), x, self._gain(d), "tp", eps=c.norm_eps)
       else:
@@ -588,7 +608,8 @@ class Model:
         x, h, cl, pend = self._layer(lp, x, h, cl, pos, psum_fn, add_norm, pend)
       new_cache.append(cl)
     xl = x[:, -1]
-    pallas_head = st.mv == "pallas" and st.head == "mv" and self._vec(xl.shape[0])
+    pallas_head = (st.mv == "pallas" and "head" in st.pallas_products and st.head == "mv"
+                   and self._vec(xl.shape[0]))
     if pend is not None and not pallas_head:
       xl = xl + pend[:, -1]
     if pallas_head and st.norm == "fused":

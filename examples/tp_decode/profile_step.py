@@ -9,7 +9,7 @@ trace holds no kernels). Each preset is built at the widths one device holds
 at TP=--shard_of (model.Config.shard; 0: the whole model) on one device, the
 all-reduce being the identity, once per step form: --step NAME=KEY:VALUE,...
 sets fields of model.Step (mv, norm, glu, attn, kv, head, head_scale,
-mv_rows; NAME=dots: Step.dots(), the step as first written); --compare
+mv_rows, pallas_products as NAME+NAME; NAME=dots: Step.dots(), the step as first written); --compare
 NAME=PATH adds the model of another model.py (an earlier version, say, whose
 decode_scan may take the positions from the host and return fresh buffers).
 For each form:
@@ -426,6 +426,8 @@ def _parse_step(spec: str):
                            f"{', '.join(defaults)}")
     if isinstance(defaults[k], bool):
       kw[k] = v.lower() in ("1", "true", "yes")
+    elif isinstance(defaults[k], (tuple, list)):
+      kw[k] = tuple(filter(None, v.split("+")))  # e.g. pallas_products:gu+head
     else:
       kw[k] = type(defaults[k])(v)
   return name, model_lib.Step(**kw)
