@@ -8,7 +8,8 @@ devices at hand (TP over all of them) and, with --shard, one TP=2 shard on
 one device as well; fills both caches from the same random prompt and feeds
 both the fused form's greedy tokens for --steps steps. Per step it prints
 the largest logit difference relative to the largest logit, the fused
-form's top-two margin on the same scale, and both greedy tokens; then the
+form's top-two margin on the same scale, and both greedy tokens (--other
+names another form in place of the dots form); then the
 range of the differences, the smallest margin, and how many steps' greedy
 tokens differ. Without a GPU it runs on forced CPU devices. Exit status 0.
 """
@@ -24,22 +25,44 @@ SEEDS = flags.DEFINE_integer("seeds", 6, "Prompt seeds 0 .. seeds-1.", lower_bou
 STEPS = flags.DEFINE_integer("steps", 6, "Decode steps per prompt.", lower_bound=1)
 PROMPT_LEN = flags.DEFINE_integer("prompt_len", 6, "Prompt tokens.", lower_bound=1)
 SHARD = flags.DEFINE_bool("shard", True, "Also one TP=2 shard on one device.")
+OTHER = flags.DEFINE_string("other", "dots", "The form compared with model.Step(): dots "
+                             "(Step.dots()) or KEY:VALUE,... fields of model.Step, e.g. "
+                             "mv:pallas,pallas_products:gu+head (as profile_step.py's --step).")
 CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 2,
                                    "Host devices to force when there is no GPU.",
                                    lower_bound=1)
 
 
-def compare(cfg, devices, seed: int, plen: int, steps: int) -> list[dict]:
+def other_step(spec: str) -> "model_lib.Step":
+  """model.Step of --other: "dots" or KEY:VALUE,... (tuple fields as A+B)."""
+  import dataclasses
+  if spec == "dots":
+    return model_lib.Step.dots()
+  defaults = dataclasses.asdict(model_lib.Step())
+  kw = {}
+  for item in filter(None, spec.split(",")):
+    k, _, v = item.partition(":")
+    if k not in defaults:
+      raise ValueError(f"--other {spec}: unknown field {k}; known: {', '.join(defaults)}")
+    d = defaults[k]
+    kw[k] = (v.lower() in ("1", "true", "yes") if isinstance(d, bool)
+             else tuple(filter(None, v.split("+"))) if isinstance(d, (tuple, list))
+             else type(d)(v))
+  return model_lib.Step(**kw)
+
+
+def compare(cfg, devices, seed: int, plen: int, steps: int,
+            other: "model_lib.Step | None" = None) -> list[dict]:
   """Per step: rel (max |a - b| / max |a|), margin (a's top two apart, same
   scale), and the two greedy tokens, a the fused form's logits and b the
-  dots form's, both fed a's greedy tokens."""
+  other form's (default: the dots form's), both fed a's greedy tokens."""
   import jax.numpy as jnp
   import numpy as np
   from jax.sharding import Mesh
   mesh = Mesh(np.array(devices), ("tp",))
   prompt = jnp.asarray(np.random.default_rng(seed).integers(0, cfg.vocab, (1, plen)), jnp.int32)
   forms = []
-  for step in (model_lib.Step(), model_lib.Step.dots()):
+  for step in (model_lib.Step(), other or model_lib.Step.dots()):
     m = model_lib.build(cfg, mesh, 1, plen + steps, step)
     params = m.init_params(0)
     tok, cache = m.prefill()(params, prompt, m.init_cache())
@@ -75,7 +98,8 @@ def main() -> int:
   rows = []
   for label, c, devices in cases:
     for seed in range(SEEDS.value):
-      for i, r in enumerate(compare(c, devices, seed, PROMPT_LEN.value, STEPS.value)):
+      for i, r in enumerate(compare(c, devices, seed, PROMPT_LEN.value, STEPS.value,
+                                    other_step(OTHER.value))):
         rows.append(r)
         print(f"{label:15s} seed {seed} step {i}: logits differ by {100 * r['rel']:.2f}%, "
               f"top two {100 * r['margin']:.2f}% apart, tokens {r['tok_a']} {r['tok_b']}")
