@@ -172,6 +172,58 @@ def test_pallas_decode_attention_against_float64(tp_model):
       assert err.max() <= 1.5 * 2.0 ** -8, (b, pos, dtype, err.max())
 
 
+def test_pallas_matvec_against_float64(tp_model):
+  """matvec.matvec (Pallas's interpreter) against float64 products: plain,
+  with the residual add (returned bitwise as the bfloat16 sum), RMSNorm's
+  factor, the product rounded first, and [gate; up] with the SiLU; two input
+  rows; one tile's unrolled steps and its pipelined loop give the same bits
+  (another chunk sums in another order: within the bound); a tile that
+  does not divide the shape is refused. Bounds: the bfloat16 roundings of the
+  output (and of the product with round_first) relative to the largest
+  output; a factor off by the row's sum of squares, a missed chunk or the
+  gate and up swapped are far outside them."""
+  model, _ = tp_model
+  del model
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import matvec  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  bf = jnp.bfloat16
+  to_bf = lambda a: np.asarray(jnp.asarray(a, bf)).astype(np.float64)
+  m, n, k, eps = 2, 48, 384, 1e-5
+  x, r = (jnp.asarray(rng.standard_normal((m, k)), bf) for _ in range(2))
+  for glu, residual, norm, first, out_dtype in ((False, False, False, False, jnp.float32),
+                                                (False, True, True, True, jnp.float32),
+                                                (True, True, True, True, bf),
+                                                (True, False, False, False, bf)):
+    w = jnp.asarray(rng.standard_normal((2 * n if glu else n, k)) * k ** -0.5, bf)
+    outs = []
+    for tile in (matvec.Tile(8, 128, 4, 0), matvec.Tile(8, 128, 4, 2), matvec.Tile(16, 64)):
+      out = matvec.matvec(x, w, residual=r if residual else None,
+                          norm_eps=eps if norm else None, glu=glu, round_first=first,
+                          out_dtype=out_dtype, tile_=tile, interpret=True)
+      y, xs = out if residual else (out, None)
+      outs.append(np.asarray(y).astype(np.float64))
+      xin = to_bf(np.asarray(x, np.float32) + np.asarray(r, np.float32)) if residual else \
+          np.asarray(x).astype(np.float64)
+      if residual:
+        assert np.array_equal(np.asarray(xs).astype(np.float64), xin)
+      p = xin @ np.asarray(w).astype(np.float64).T
+      sc = 1 / np.sqrt((xin * xin).mean(-1, keepdims=True) + eps) if norm else 1.0
+      if glu:
+        g, u = p[:, :n] * sc, p[:, n:] * sc
+        want = g / (1 + np.exp(-g)) * u
+      else:
+        want = p * sc
+      assert y.shape == want.shape and y.dtype == out_dtype, (y.shape, y.dtype)
+      bound = 2.0 ** -8 * (1 + first) * (2 if glu else 1) + (2.0 ** -8 if out_dtype == bf else 0)
+      err = np.abs(outs[-1] - want).max() / np.abs(want).max()
+      assert err <= bound, (glu, residual, norm, tile, err)
+    assert np.array_equal(outs[0], outs[1])  # the same tile unrolled and as a loop
+  with pytest.raises(ValueError, match="do not match"):
+    matvec.matvec(x, jnp.zeros((n, k), bf), tile_=matvec.Tile(32, 128), interpret=True)
+
+
 def test_decode_matches_prefill_and_cache_is_updated_in_place(tp_model):
   """Greedy tokens decoded one by one (scan and per-step) equal the token a
   prefill of the whole sequence predicts; the compiled step updates every
