@@ -84,6 +84,12 @@ def test_tp_decode_small_on_cpu(tmp_path):
     pass
 
 
+# The example's modules each test imported, kept alive after the test drops
+# them from sys.modules: absl accepts a flag defined again only from a module
+# object of another id, and a freed module's id can come back.
+_DROPPED_MODULES = []
+
+
 @pytest.fixture(name="tp_model")
 def _tp_model():
   sys.path.insert(0, str(EXAMPLE))
@@ -94,7 +100,7 @@ def _tp_model():
   finally:
     sys.path.remove(str(EXAMPLE))
     for name in ("hlo_check", "model", "attention", "matvec"):
-      sys.modules.pop(name, None)
+      _DROPPED_MODULES.append(sys.modules.pop(name, None))
 
 
 def test_pallas_decode_attention_against_float64(tp_model):
@@ -216,7 +222,8 @@ def test_pallas_matvec_against_float64(tp_model):
       else:
         want = p * sc
       assert y.shape == want.shape and y.dtype == out_dtype, (y.shape, y.dtype)
-      bound = 2.0 ** -8 * (1 + first) * (2 if glu else 1) + (2.0 ** -8 if out_dtype == bf else 0)
+      bound = (2.0 ** -8 * (1 + first) * (2 if glu else 1) + (2.0 ** -8 if out_dtype == bf else 0)
+               if first or out_dtype == bf else 1e-5)  # float32 unrounded: summation only
       err = np.abs(outs[-1] - want).max() / np.abs(want).max()
       assert err <= bound, (glu, residual, norm, tile, err)
     assert np.array_equal(outs[0], outs[1])  # the same tile unrolled and as a loop
@@ -272,7 +279,8 @@ def test_step_forms_compute_the_same_logits(tp_model):
   decode attention (Step(attn="pallas"), in Pallas's interpreter here)
   and the steps with the Pallas matrix-vector products (Step(mv="pallas"),
   for every product, with the fused step's norm for Q, K, V and gate and
-  up only, and with the Pallas attention for the other three only)
+  up only, and with the Pallas attention for o and down only: the last
+  all-reduce's output then reaches XLA's LM head as a pending residual)
   compute the same logits, and
   so does one TP=2 shard's model on one device with either form: fed the
   same tokens (the fused form's greedy tokens from decode_scan), every
@@ -300,7 +308,7 @@ def test_step_forms_compute_the_same_logits(tp_model):
                        ("matvec_fused", model.Step(mv="pallas", norm="fused",
                                                    pallas_products=("qkv", "gu"))),
                        ("all_pallas", model.Step(mv="pallas", attn="pallas",
-                                                 pallas_products=("o", "down", "head")))):
+                                                 pallas_products=("o", "down")))):
       m = model.build(cfg, mesh, 1, plen + n, step)
       params = m.init_params(0)
       tok0, cache = m.prefill()(params, prompt, m.init_cache())

@@ -196,6 +196,10 @@ def _mv(x: jax.Array, ws, with_ss: bool):
   return (list(out[:-1]), out[-1]) if with_ss else (list(out), None)
 
 
+# The products Step.pallas_products may name.
+PALLAS_PRODUCTS = ("qkv", "o", "gu", "down", "head")
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
   """How the decode step is written; every form computes the same function
@@ -217,13 +221,15 @@ class Step:
     pallas_products: with mv "pallas", the products that take the Pallas
       kernel (of "qkv", "o", "gu", "down", "head"); the others take `_mv`.
     norm: RMSNorm's sum of squares "inrow" (carried in the next product's
-      reduction; needs mv "reduce"), "apart" (a reduction of its own) or
+      reduction; needs mv "reduce" or "pallas"), "apart" (a reduction of its
+      own) or
       "fused" (the all-reduce that ends a block, the residual add and the
       next RMSNorm in one step, the `add_norm` function the programs take,
       e.g. jax_llar.psum_add_rms_norm; the normalised activation is then
       written out in bfloat16 and the products take it as it is).
     glu: "inrow" (gate, up and the sum of squares in one variadic
-      reduction; needs mv "reduce") or "apart" (one product of [gate; up]).
+      reduction; needs mv "reduce" or "pallas") or "apart" (one product of
+      [gate; up]).
     attn: decode attention (one position) as "reduce" (products and
       reductions), "dot" (two batched matrix products) or "pallas" (the
       cache update, the scores, the softmax and V in one Pallas kernel that
@@ -277,6 +283,10 @@ class Model:
       raise ValueError('Step(attn="pallas") needs kv="fused" (one cache per layer)')
     if step.mv == "pallas" and step.norm == "apart":
       raise ValueError('Step(mv="pallas") needs norm "inrow" or "fused"')
+    unknown = set(step.pallas_products) - set(PALLAS_PRODUCTS)
+    if unknown:
+      raise ValueError(f"Step.pallas_products: unknown {sorted(unknown)}; known: "
+                       f"{', '.join(PALLAS_PRODUCTS)}")
     self.tp = tp = mesh.shape["tp"]
     if cfg.n_heads % tp or cfg.n_kv_heads % tp or cfg.d_ff % tp or cfg.vocab % tp:
       raise ValueError(f"tensor-parallel size {tp} must divide the heads "
