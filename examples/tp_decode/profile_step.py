@@ -188,7 +188,7 @@ def _model_line(frames: dict, frame: int | None) -> int | None:
 def hlo_kernels(hlo: str) -> tuple[dict, list]:
   """The instructions of the optimised HLO `hlo` that launch kernels,
   outside fusion bodies: per computation, in the order of the schedule,
-  dicts with name, opcode, bytes (operands and results; an in-place update
+  dicts with name, opcode, bytes (operands, each once, and results; an in-place update
   without the buffer it updates), op_name, line (in model.py's layer),
   fused_root; and the names of while-loop bodies."""
   frames = _frames(hlo)
@@ -216,7 +216,10 @@ def hlo_kernels(hlo: str) -> tuple[dict, list]:
     dedup = re.search(r'deduplicated_name="([^"]*)"', rest)
     srcline = re.search(r"source_line=(\d+)", rest)
     frame = re.search(r"stack_frame_id=(\d+)", rest)
-    in_types = [_operand_type(shapes, o) for o in re.findall(r"%([\w.\-#]+)", operands)]
+    # Each operand once: a kernel given one buffer twice (the Pallas glu
+    # product's gate and up halves of one weight) reads it once.
+    in_types = [_operand_type(shapes, o)
+                for o in dict.fromkeys(re.findall(r"%([\w.\-#]+)", operands))]
     comps[current].append({
         "name": name, "kernel": dedup.group(1) if dedup else name,
         "opcode": op, "calls": calls.group(1) if calls else None,
