@@ -33,24 +33,6 @@ CPU_DEVICES = flags.DEFINE_integer("cpu_devices", 2,
                                    lower_bound=1)
 
 
-def other_step(spec: str) -> "model_lib.Step":
-  """model.Step of --other: "dots" or KEY:VALUE,... (tuple fields as A+B)."""
-  import dataclasses
-  if spec == "dots":
-    return model_lib.Step.dots()
-  defaults = dataclasses.asdict(model_lib.Step())
-  kw = {}
-  for item in filter(None, spec.split(",")):
-    k, _, v = item.partition(":")
-    if k not in defaults:
-      raise ValueError(f"--other {spec}: unknown field {k}; known: {', '.join(defaults)}")
-    d = defaults[k]
-    kw[k] = (v.lower() in ("1", "true", "yes") if isinstance(d, bool)
-             else tuple(filter(None, v.split("+"))) if isinstance(d, (tuple, list))
-             else type(d)(v))
-  return model_lib.Step(**kw)
-
-
 def compare(cfg, devices, seed: int, plen: int, steps: int,
             other: "model_lib.Step | None" = None) -> list[dict]:
   """Per step: rel (max |a - b| / max |a|), margin (a's top two apart, same
@@ -101,7 +83,7 @@ def main() -> int:
   for label, c, devices in cases:
     for seed in range(SEEDS.value):
       for i, r in enumerate(compare(c, devices, seed, PROMPT_LEN.value, STEPS.value,
-                                    other_step(OTHER.value))):
+                                    model_lib.Step.parse(OTHER.value))):
         rows.append(r)
         print(f"{label:15s} seed {seed} step {i}: logits differ by {100 * r['rel']:.2f}%, "
               f"top two {100 * r['margin']:.2f}% apart, tokens {r['tok_a']} {r['tok_b']}")

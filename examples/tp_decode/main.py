@@ -173,7 +173,7 @@ MV = flags.DEFINE_enum("mv", "reduce", ["reduce", "dot", "pallas"],
                        "on every path: reduce (XLA's reductions), dot (XLA's dots) "
                        "or pallas (one Pallas kernel a product with the residual "
                        "add, RMSNorm's factor and the SiLU folded in, matvec.py).")
-MV_PRODUCTS = flags.DEFINE_list("mv_products", ["qkv", "o", "gu", "down", "head"],
+MV_PRODUCTS = flags.DEFINE_list("mv_products", list(model_lib.PALLAS_PRODUCTS),
                                 "With --mv=pallas, the products that take the Pallas "
                                 "kernel (model.Step's pallas_products).")
 SHARD_OF = flags.DEFINE_integer(
@@ -226,7 +226,7 @@ class Settings:
   shard_of: int = 0
   attn: str = "reduce"
   mv: str = "reduce"
-  mv_products: tuple = ("qkv", "o", "gu", "down", "head")
+  mv_products: tuple = model_lib.PALLAS_PRODUCTS
 
 
 def _step(s: Settings, **kw) -> "model_lib.Step":
@@ -385,8 +385,7 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
   for b in batches:
     m = model_lib.build(cfg, mesh, b, max_len, _step(s))
     # The fused step form: the same weights and prefilled cache.
-    mf = model_lib.build(cfg, mesh, b, max_len,
-                         _step(s, norm="fused"))
+    mf = model_lib.build(cfg, mesh, b, max_len, _step(s, norm="fused"))
     tok0, cache0 = _batch_of(seqs, b, mesh)
     workload = (f"{name} batch {b}" + (f", one TP={s.shard_of} shard" if s.shard_of else "")
                 + (f", attn {s.attn}" if s.attn != "reduce" else "")
@@ -503,7 +502,8 @@ def child_command(s: Settings, presets, out_json: str) -> list[str]:
           "--batches=" + ",".join(map(str, s.flag_batches)), f"--tokens={s.tokens}",
           f"--chunk={s.chunk}", f"--prompt={s.prompt}", f"--repeats={s.repeats}",
           f"--loop={s.loop}", f"--tp={s.tp}", f"--seed={s.seed}", f"--attn={s.attn}",
-          f"--mv={s.mv}", "--mv_products=" + ",".join(s.mv_products), f"--json={out_json}", "--noplot", f"--autotune_cache={AUTOTUNE_CACHE.value}"]
+          f"--mv={s.mv}", "--mv_products=" + ",".join(s.mv_products),
+          f"--json={out_json}", "--noplot", f"--autotune_cache={AUTOTUNE_CACHE.value}"]
 
 
 def run_flag_baselines(s: Settings, presets) -> tuple[list[dict], list[dict]]:
@@ -836,6 +836,8 @@ def settings_from_flags(gpu: bool, n_gpus: int = 0) -> Settings:
         PRESETS[p].shard(shard_of)
       except ValueError as e:
         raise app.UsageError(f"--shard_of {shard_of} for {p}: {e}") from e
+  if MV.value != "pallas" and tuple(MV_PRODUCTS.value) != model_lib.PALLAS_PRODUCTS:
+    raise app.UsageError("--mv_products chooses among the Pallas products: it needs --mv=pallas")
   if TOKENS.value % CHUNK.value:
     raise app.UsageError(f"--tokens ({TOKENS.value}) must be a multiple of --chunk "
                          f"({CHUNK.value})")

@@ -28,7 +28,9 @@ of summation differs (per-column partial sums, then a tree across them), so
 outputs agree with the other forms to float32 rounding before the last
 bfloat16 rounding, not bit for bit.
 
-On GPUs Pallas's Triton backend compiles it; elsewhere it runs in Pallas's
+The method is the plain row-blocked matrix-vector product of memory-bound
+decoding (each weight byte read once, no reuse to tile for); what it adds is
+the fusion above. On GPUs Pallas's Triton backend compiles it; elsewhere it runs in Pallas's
 interpreter (``interpret``), for tests of its arithmetic. The tile
 (`rows`, `chunk`, warps) comes from `tile` unless given; its rules and what
 they were chosen from are in benchmarks/NOTES.md (matvec_bench.py measures

@@ -253,7 +253,30 @@ class Step:
   head: str = "mv"
   head_scale: bool = True
   mv_rows: int = 1
-  pallas_products: tuple[str, ...] = ("qkv", "o", "gu", "down", "head")
+  pallas_products: tuple[str, ...] = PALLAS_PRODUCTS
+
+  @classmethod
+  def parse(cls, spec: str) -> "Step":
+    """The form of a command line's spec: "dots" (`dots`) or KEY:VALUE,...
+    fields (booleans as 1/true/yes; tuples as A+B, e.g.
+    "mv:pallas,pallas_products:gu+head").
+
+    Raises:
+      ValueError: an unknown field.
+    """
+    if spec == "dots":
+      return cls.dots()
+    defaults = dataclasses.asdict(cls())
+    kw = {}
+    for item in filter(None, spec.split(",")):
+      k, _, v = item.partition(":")
+      if k not in defaults:
+        raise ValueError(f"step {spec}: unknown field {k}; known: {', '.join(defaults)}")
+      d = defaults[k]
+      kw[k] = (v.lower() in ("1", "true", "yes") if isinstance(d, bool)
+               else tuple(filter(None, v.split("+"))) if isinstance(d, (tuple, list))
+               else type(d)(v))
+    return cls(**kw)
 
   @classmethod
   def dots(cls) -> "Step":
@@ -506,77 +529,58 @@ class Model:
     else:
       ao = _mm(o, lp["wo"])
     f = self.f_loc
-    if pallas:
-      # The SiLU of gate and up in the product's kernel; without the fused
-      # step, the residual add of the all-reduce and RMSNorm's factor too.
-      wgu = lp["wgu"]
-      if fused:
-        h, x = add_norm(ao.reshape(b, t, d), x, self._gain(d), "tp", eps=c.norm_eps)
-        hf = h.reshape(b * t, d)
-        if pk("gu"):
-          m = self._mvp(hf, wgu, glu=True, round_first=True)
-        else:
-          (gt, up), _ = _mv(hf, [wgu[:f], wgu[f:]], False)
-          m = (jax.nn.silu(gt.astype(DTYPE).astype(jnp.float32))
-               * up.astype(DTYPE).astype(jnp.float32)).astype(DTYPE)
-      else:
-        d1 = psum_fn(ao.reshape(b, t, d), "tp").reshape(b * t, d)
-        if pk("gu"):
-          m, xf = self._mvp(xf, wgu, residual=d1, norm_eps=c.norm_eps, glu=True,
-                            round_first=True)
-        else:
-          xf = xf + d1
-          (gt, up), ss = _mv(xf, [wgu[:f], wgu[f:]], True)
-          r = self._rms_scale(xf, ss)
-          m = (jax.nn.silu(gt.astype(DTYPE).astype(jnp.float32) * r)
-               * (up.astype(DTYPE).astype(jnp.float32) * r)).astype(DTYPE)
-        x = xf.reshape(b, t, d)
-      dn = (self._mvp(m, lp["wdown"]) if pk("down")
-            else _mv(m, [lp["wdown"]], False)[0][0].astype(DTYPE))
-      if fused:
-        h, x = add_norm(dn.reshape(b, t, d), x, self._gain(d), "tp", eps=c.norm_eps)
-      else:
-        pend = psum_fn(dn.reshape(b, t, d), "tp")
-      return x, h, cache, pend
     if fused:
       h, x = add_norm(ao.reshape(b, t, d), x, self._gain(d), "tp", eps=c.norm_eps)
       hf = h.reshape(b * t, d)
-      if vec and st.glu == "inrow":
+    if pk("gu"):
+      # The SiLU in the product's kernel; without the fused step, the
+      # residual add of the all-reduce and RMSNorm's factor too.
+      if fused:
+        m = self._mvp(hf, lp["wgu"], glu=True, round_first=True)
+      else:
+        m, xf = self._mvp(xf, lp["wgu"], residual=psum_fn(ao.reshape(b, t, d), "tp").reshape(
+            b * t, d), norm_eps=c.norm_eps, glu=True, round_first=True)
+        x = xf.reshape(b, t, d)
+    else:
+      if fused and vec and st.glu == "inrow":
         (gt, up), _ = _mv(hf, [lp["wgu"][:f], lp["wgu"][f:]], False)
         gt = gt.astype(DTYPE).astype(jnp.float32)
         up = up.astype(DTYPE).astype(jnp.float32)
-      else:
+      elif fused:
         gu = (_mv(hf, [lp["wgu"]], False)[0][0].astype(DTYPE) if vec
               else _mm(hf, lp["wgu"])).astype(jnp.float32)
         gt, up = gu[:, :f], gu[:, f:]
-    else:
-      x = x + psum_fn(ao.reshape(b, t, d), "tp")
-    xf = x.reshape(b * t, d)
-    if fused:
-      pass
-    elif vec and st.glu == "inrow":
-      (gt, up), ss = _mv(xf, [lp["wgu"][:f], lp["wgu"][f:]], True)
-      r = self._rms_scale(xf, ss)
-      gt = gt.astype(DTYPE).astype(jnp.float32) * r
-      up = up.astype(DTYPE).astype(jnp.float32) * r
-    else:
-      if vec:
-        (gu,), ss = _mv(xf, [lp["wgu"]], st.norm == "inrow")
-        gu = gu.astype(DTYPE).astype(jnp.float32) * self._rms_scale(xf, ss)
       else:
-        gu = _mm(xf, lp["wgu"]).astype(jnp.float32) * self._rms_scale(xf)
-      gt, up = gu[:, :f], gu[:, f:]
-    m = (jax.nn.silu(gt) * up).astype(DTYPE)
-    if vec:
+        x = x + psum_fn(ao.reshape(b, t, d), "tp")
+        xf = x.reshape(b * t, d)
+        if vec and st.glu == "inrow":
+          (gt, up), ss = _mv(xf, [lp["wgu"][:f], lp["wgu"][f:]], True)
+          r = self._rms_scale(xf, ss)
+          gt = gt.astype(DTYPE).astype(jnp.float32) * r
+          up = up.astype(DTYPE).astype(jnp.float32) * r
+        else:
+          if vec:
+            (gu,), ss = _mv(xf, [lp["wgu"]], st.norm == "inrow")
+            gu = gu.astype(DTYPE).astype(jnp.float32) * self._rms_scale(xf, ss)
+          else:
+            gu = _mm(xf, lp["wgu"]).astype(jnp.float32) * self._rms_scale(xf)
+          gt, up = gu[:, :f], gu[:, f:]
+      m = (jax.nn.silu(gt) * up).astype(DTYPE)
+    if pk("down"):
+      dn = self._mvp(m, lp["wdown"])
+    elif vec:
       (dn,), _ = _mv(m, [lp["wdown"]], False)
       dn = dn.astype(DTYPE)
     else:
       dn = _mm(m, lp["wdown"])
     if fused:
       h, x = add_norm(dn.reshape(b, t, d), x, self._gain(d), "tp", eps=c.norm_eps)
+    elif pallas:
+      # Added by the next layer's first product (or the LM head's).
+      pend = psum_fn(dn.reshape(b, t, d), "tp")
     else:
       x = x + psum_fn(dn.reshape(b, t, d), "tp")
-    return x, h, cache, None
+    return x, h, cache, pend
 
   @staticmethod
   def _gain(d: int) -> jax.Array:

@@ -418,22 +418,10 @@ def per_layer(kernels: list, n_layers: int) -> dict:
 def _parse_step(spec: str):
   """NAME=KEY:VALUE,... -> (name, model.Step); NAME=dots: Step.dots()."""
   name, _, body = spec.partition("=")
-  if body == "dots":
-    return name, model_lib.Step.dots()
-  defaults = dataclasses.asdict(model_lib.Step())
-  kw = {}
-  for item in filter(None, body.split(",")):
-    k, _, v = item.partition(":")
-    if k not in defaults:
-      raise app.UsageError(f"--step {spec}: unknown key {k}; known: "
-                           f"{', '.join(defaults)}")
-    if isinstance(defaults[k], bool):
-      kw[k] = v.lower() in ("1", "true", "yes")
-    elif isinstance(defaults[k], (tuple, list)):
-      kw[k] = tuple(filter(None, v.split("+")))  # e.g. pallas_products:gu+head
-    else:
-      kw[k] = type(defaults[k])(v)
-  return name, model_lib.Step(**kw)
+  try:
+    return name, model_lib.Step.parse(body)
+  except ValueError as e:
+    raise app.UsageError(f"--step {spec}: {e}") from e
 
 
 def _load(path: str, name: str):
