@@ -99,7 +99,7 @@ def _tp_model():
     yield model, hlo_check
   finally:
     sys.path.remove(str(EXAMPLE))
-    for name in ("hlo_check", "model", "attention", "matvec"):
+    for name in ("hlo_check", "model", "attention", "matvec", "matvec_mgpu"):
       _DROPPED_MODULES.append(sys.modules.pop(name, None))
 
 
@@ -229,6 +229,26 @@ def test_pallas_matvec_against_float64(tp_model):
     assert np.array_equal(outs[0], outs[1])  # the same tile unrolled and as a loop
   with pytest.raises(ValueError, match="do not match"):
     matvec.matvec(x, jnp.zeros((n, k), bf), tile_=matvec.Tile(32, 128), interpret=True)
+
+
+def test_mosaic_gpu_chain_against_float64(tp_model):
+  """matvec_mgpu.matvec_mgpu_chain (Mosaic GPU's interpreter) through a chain
+  of two products, each output fed to the next as it is, with three input
+  rows, against float64 with the chain's bfloat16 roundings: within one
+  bfloat16 rounding of the largest output (a dropped tile or a wrong slot is
+  far outside), the padding rows exactly zero; bad operands are refused."""
+  del tp_model
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import matvec_mgpu  # pylint: disable=g-import-not-at-top
+  errs = matvec_mgpu.check_chain(chains=(((256, 512), (384, 256)),), m=3,
+                                 rows_per_block=64, stages=3)
+  assert all(e <= 2.0 ** -8 for e in errs.values()), errs
+  with pytest.raises(ValueError, match="multiple of 8"):
+    matvec_mgpu.matvec_mgpu_chain(jnp.zeros((8, 512), jnp.bfloat16),
+                                  jnp.zeros((100, 512), jnp.bfloat16))
+  with pytest.raises(ValueError, match="bad operands"):
+    matvec_mgpu.matvec_mgpu_chain(jnp.zeros((1, 512), jnp.bfloat16),
+                                  jnp.zeros((256, 512), jnp.bfloat16))
 
 
 def test_decode_matches_prefill_and_cache_is_updated_in_place(tp_model):

@@ -1,0 +1,188 @@
+"""Chains of dependent matrix-vector products on one GPU: XLA's reduction
+form (model._mv's) and XLA's dot against the Mosaic GPU chain kernel
+(matvec_mgpu.py) with and without programmatic dependent launch (PDL); an
+experiment of issue 27 (benchmarks/NOTES.md entry 77).
+
+  python examples/tp_decode/chain_bench.py [--kinds=1b,small,8b] [--forms=a,c,d]
+  python examples/tp_decode/chain_bench.py --cpu_smoke   (interpret mode, tiny shapes)
+
+A chain is one jitted program y_{i+1} = y_i w_i^T (bfloat16 in and out), each
+product with weights of its own, so that the next product cannot start before
+the last one's output exists; with no XLA op between two Mosaic kernels
+(their (8, N) layout feeds the next one as it is). Kinds: "1b" 16 x [(4096,
+2048), (2048, 4096)] (16.8 MB a product, the 1B shard's down-sized products),
+"small" 32 x (2048, 2048) (8.4 MB), "8b" 8 x [(7168, 4096), (4096, 7168)]
+(58.7 MB); every chain's weights are well above the 50 MB L2. Time: the span
+of a call's kernels on the device (first start to last end) from a profiler
+trace, median of --calls calls, for the whole chain and its first half; per
+product = the difference / the products between them (a call's start cancels).
+``busy/span`` is the sum of the kernels' durations over the span: above 1 the
+kernels overlapped (PDL let one start before the last ended). Every form's
+last output is compared with form a's on the same random data (scaled 1/sqrt(K)).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import statistics
+import time
+
+from absl import app, flags
+
+KINDS = flags.DEFINE_list("kinds", ["1b", "small", "8b"], "Chains to run.")
+FORMS = flags.DEFINE_list("forms", [], "Form letters to run (empty: all).")
+CALLS = flags.DEFINE_integer("calls", 5, "Profiled calls per chain.", lower_bound=1)
+FFI_PDL = flags.DEFINE_boolean(
+    "ffi_uses_pdl", False, "Also put uses_pdl=True into the Mosaic GPU custom calls' "
+    "backend config (XLA's custom-call thunk reads it to launch with PDL; JAX 0.11.2 sets "
+    "only a module attribute); for forms whose kernels wait (pdl True or early) only.")
+CPU_SMOKE = flags.DEFINE_boolean("cpu_smoke", False, "Interpret mode, tiny shapes.")
+JSON_F = flags.DEFINE_string("json", None, "Write the rows here.")
+
+READ_FLOOR_GBS = 4673.0  # H200, one device, a bfloat16 sum's read (NOTES 76)
+
+
+def kinds(smoke: bool) -> dict:
+  if smoke:
+    return {"1b": [(256, 128), (128, 256)] * 2, "small": [(128, 128)] * 3,
+            "8b": [(384, 256), (256, 384)]}
+  return {"1b": [(4096, 2048), (2048, 4096)] * 16, "small": [(2048, 2048)] * 32,
+          "8b": [(7168, 4096), (4096, 7168)] * 8}
+
+
+def forms(smoke: bool) -> list:
+  """(letter, name, product, takes (8, K)) per form."""
+  import jax.numpy as jnp
+  from jax import lax
+  import matvec_mgpu as mm
+  f32, bf16 = jnp.float32, jnp.bfloat16
+
+  def reduce_form(x, w):
+    return lax.reduce(x[:, None, :].astype(f32) * w[None].astype(f32), f32(0), lax.add,
+                      (2,)).astype(bf16)
+
+  def dot_form(x, w):
+    return jnp.dot(x, w.T, preferred_element_type=f32).astype(bf16)
+
+  mg = lambda **kw: functools.partial(mm.matvec_mgpu_chain, **kw)
+  extra = dict(rows_per_block=64) if smoke else {}
+  return [("a", "xla reduce", reduce_form, False), ("b", "xla dot", dot_form, False),
+          ("c", "mgpu pdl", mg(pdl=True, **extra), True),
+          ("d", "mgpu no pdl", mg(pdl=False, **extra), True),
+          ("e", "mgpu pdl early", mg(pdl="early", **extra), True),
+          ("f", "mgpu pdl 8 stages", mg(pdl=True, stages=8, **extra), True),
+          ("g", "mgpu pdl tile_k 256", mg(pdl=True, tile_k=256, **extra), True)]
+
+
+def device_span(fn, args, calls: int) -> tuple[float, float]:
+  """(span, busy/span) of one call of fn on the device, seconds: the median
+  over `calls` profiled calls (2 ms apart) of first kernel start to last
+  kernel end, and the median sum of kernel durations over it. Host-timed
+  off GPUs (busy/span nan)."""
+  import jax
+  if jax.devices()[0].platform != "gpu":
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - t, float("nan")
+  from jax_llar.tools import traces
+
+  def run():
+    for _ in range(calls):
+      jax.block_until_ready(fn(*args))
+      time.sleep(0.002)
+  ev = sorted((e for e in traces.profile(run, calls=1)
+               if e.process.startswith(traces.DEVICE_PREFIX) and e.dur > 0), key=lambda e: e.ts)
+  groups, cur = [], []
+  for e in ev:
+    if cur and e.ts - max(c.ts + c.dur for c in cur) > 1000:
+      groups.append(cur)
+      cur = []
+    cur.append(e)
+  if cur:
+    groups.append(cur)
+  spans = [max(e.ts + e.dur for e in g) - g[0].ts for g in groups]
+  busy = [sum(e.dur for e in g) for g in groups]
+  return statistics.median(spans) * 1e-6, statistics.median(busy) / statistics.median(spans)
+
+
+def _mark_ffi_pdl() -> None:
+  """Adds uses_pdl=True to every mosaic_gpu_v2 custom call lowered from now on."""
+  import jax.experimental.mosaic.gpu.core as mcore
+  from jaxlib.mlir import ir
+  orig = mcore.mlir.custom_call
+
+  def custom_call(*args, **kw):
+    if kw.get("call_target_name") == "mosaic_gpu_v2":
+      kw["backend_config"] = dict(kw["backend_config"], uses_pdl=ir.BoolAttr.get(True))
+    return orig(*args, **kw)
+  mcore.mlir.custom_call = custom_call
+
+
+def main(argv):
+  del argv
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  smoke = CPU_SMOKE.value
+  fs = [f for f in forms(smoke) if not FORMS.value or f[0] in FORMS.value]
+  if FFI_PDL.value:
+    if any(letter == "d" for letter, *_ in fs):
+      raise app.UsageError("--ffi_uses_pdl: form d's kernels do not wait; leave it out")
+    _mark_ffi_pdl()
+  interp = ((lambda: plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams())) if smoke
+            else contextlib.nullcontext)
+  print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, ffi_uses_pdl "
+        f"{FFI_PDL.value}; us per product (GB/s, fraction of {READ_FLOOR_GBS:.0f}) | "
+        "whole and half chain us | busy/span | error against a", flush=True)
+  rows = []
+  for kind in KINDS.value:
+    dims = kinds(smoke)[kind]
+    p, h = len(dims), len(dims) // 2
+    key = jax.random.key(0)
+    ws = [(jax.random.normal(jax.random.fold_in(key, i), (n, k), jnp.float32)
+           * k ** -0.5).astype(jnp.bfloat16) for i, (n, k) in enumerate(dims)]
+    x = jax.random.normal(jax.random.fold_in(key, 999), (1, dims[0][1]),
+                          jnp.float32).astype(jnp.bfloat16)
+    xt = jnp.zeros((8, dims[0][1]), jnp.bfloat16).at[:1].set(x)
+    extra_bytes = sum(2 * n * k for n, k in dims[h:])
+    ref = None
+    for letter, name, product, padded in fs:
+      def chain(v, *w, product=product):
+        for wi in w:
+          v = product(v, wi)
+        return v
+      row = {"kind": kind, "form": letter, "name": name, "products": p,
+             "ffi_uses_pdl": FFI_PDL.value}
+      try:
+        whole, half = jax.jit(chain), jax.jit(chain)
+        inp = xt if padded else x
+        with interp():
+          y = np.asarray(whole(inp, *ws)[:1].astype(jnp.float32))
+          jax.block_until_ready(half(inp, *ws[:h]))
+          t_whole, busy = device_span(whole, (inp, *ws), CALLS.value)
+          t_half, _ = device_span(half, (inp, *ws[:h]), CALLS.value)
+        if ref is None:
+          ref = y
+        per = (t_whole - t_half) / (p - h)
+        row.update(us_per_product=per * 1e6, whole_us=t_whole * 1e6, half_us=t_half * 1e6,
+                   gbs=extra_bytes / (t_whole - t_half) / 1e9, busy_over_span=busy,
+                   error=float(np.abs(y - ref).max() / np.abs(ref).max()))
+        print(f"{kind:5s} {letter} {name:20s} {row['us_per_product']:7.2f} us "
+              f"({row['gbs']:5.0f} GB/s, {row['gbs'] / READ_FLOOR_GBS:.2f}) | "
+              f"{row['whole_us']:7.1f} {row['half_us']:7.1f} | {busy:.3f} | "
+              f"{row['error']:.1e}", flush=True)
+      except Exception as e:  # a form that does not build is a row, not the end
+        row["error_text"] = f"{type(e).__name__}: {str(e)[:400]}"
+        print(f"{kind:5s} {letter} {name:20s} FAILED {row['error_text']}", flush=True)
+      rows.append(row)
+    del ws
+  if JSON_F.value:
+    with open(JSON_F.value, "w") as f:
+      json.dump({"rows": rows, "device": str(jax.devices()[0].device_kind)}, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)
