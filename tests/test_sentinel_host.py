@@ -320,6 +320,37 @@ def test_run_with_bitwise_comparison_passes_when_equal(fake_run):
   assert [c["algorithm"] for c in fake.calls] == [3, 1, 3, 1]
 
 
+class OtherLosesContext(FakeNative):
+  """FakeNative whose run of one algorithm (the bitwise_against one) loses
+  the CUDA context."""
+
+  def __init__(self, algorithm):
+    super().__init__()
+    self.lose_for = algorithm
+
+  def loopback(self, raw, dtype, calls, **kw):
+    if kw.get("algorithm") == self.lose_for:
+      self.cuda_error = "cudaErrorIllegalAddress"
+    try:
+      return super().loopback(raw, dtype, calls, **kw)
+    finally:
+      self.cuda_error = None
+
+
+def test_a_lost_context_in_the_bitwise_run_stops_the_cases(fake_run, capsys):
+  """The second algorithm's run losing the context makes the case a CUDA
+  error, named as the bitwise_against run's, and no later case runs on the
+  dead context (it was a bitwise_error alone, and the next case ran)."""
+  fake = OtherLosesContext(int(Algorithm.ONE_SHOT_LL))
+  rows = fake_run(fake, SENT)["rows"]
+  assert [r["status"] for r in rows] == ["error", "not_run"], rows
+  assert rows[0]["cuda_error"].startswith("one_shot_ll (bitwise_against)")
+  assert rows[0]["bitwise_error"] == "cudaErrorIllegalAddress"
+  assert "context was lost" in rows[1]["reason"]
+  assert [c["algorithm"] for c in fake.calls] == [int(SENTINEL), int(Algorithm.ONE_SHOT_LL)]
+  assert "stopped:" in capsys.readouterr().out
+
+
 def test_run_with_bitwise_comparison_fails_on_one_nan_bit(fake_run, capsys):
   rows = fake_run(OneNanBitOff(int(SENTINEL)), SENT)["rows"]
   assert lh.summary(rows) == {"fail": 2}

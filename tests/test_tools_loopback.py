@@ -13,6 +13,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
+import time
 
 import ml_dtypes
 import numpy as np
@@ -635,6 +636,43 @@ def test_run_cases_checks_ran_cases_in_threads_and_keeps_case_order(capsys):
   assert "bad outputs" in rows[2]["reason"] and "case 3" in rows[4]["reason"]
   printed = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("row")]
   assert printed == ["row 0 pass", "row 1 pass", "row 2 error", "row 3 fail"]
+
+
+def test_run_cases_bounds_the_bytes_waiting_for_checks():
+  """Before a case runs, the cases still waiting for their checks hold at
+  most max_waiting_bytes: with 600-byte cases, a bound of 500 lets none wait
+  (case i runs after case i - 1's check ended) and 1000 lets one (after
+  case i - 2's); the count bound alone lets 2 x check_threads wait."""
+  import threading  # pylint: disable=g-import-not-at-top
+
+  def run(max_waiting_bytes):
+    done, waiting_at_start = set(), []
+    lock = threading.Lock()
+
+    def check(i):
+      time.sleep(0.01)  # a check slower than a run: cases would pile up
+      with lock:
+        done.add(i)
+      return {"status": "pass", "i": i}
+
+    def go(i):
+      with lock:
+        waiting_at_start.append(i - len(done))
+      return lh.Ran({"i": i}, lambda: check(i), nbytes=600)
+
+    def items():
+      for i in range(6):
+        yield {"status": "error", "i": i}, None, (lambda i=i: go(i)), f"case {i}"
+
+    rows = lh.run_cases(items(), lambda r: "", check_threads=4,
+                        max_waiting_bytes=max_waiting_bytes)
+    assert [r["i"] for r in rows] == list(range(6))
+    return max(waiting_at_start)
+
+  assert run(max_waiting_bytes=500) == 0
+  assert run(max_waiting_bytes=1000) == 1
+  assert run(max_waiting_bytes=1 << 30) > 1  # the count bound (8) alone
+  assert lh.MAX_WAITING_BYTES >= 1 << 20
 
 
 def test_a_deferred_case_checks_as_an_immediate_one():

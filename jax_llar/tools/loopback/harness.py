@@ -158,7 +158,8 @@ class Settings:
       by max_output_bytes.
     max_output_bytes: bound on the outputs held per case (device and host);
       `run_cases` holds up to 2 x CHECK_THREADS + 1 cases' inputs and outputs
-      on the host while their checks wait.
+      on the host while their checks wait, together at most MAX_WAITING_BYTES
+      (more only when one case alone holds more).
     seed: seed of the random inputs.
     device: CUDA ordinal to run on.
     algorithm: the algorithm under test, a short name (ALGORITHMS); generic
@@ -782,9 +783,11 @@ class Ran:
   """A case that ran on the device and whose outputs are still to be
   checked: `finish()` checks them (host work only: numpy over the inputs and
   outputs the case holds; it touches neither the device nor the random
-  generator) and returns the case's row."""
+  generator) and returns the case's row. `nbytes`: the host bytes it holds
+  until then (its inputs and the runs' outputs), which `run_cases` bounds."""
   row: dict
   finish: Callable[[], dict]
+  nbytes: int = 0
 
 
 def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator, *,
@@ -805,8 +808,10 @@ def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator, *,
     impl, world_size, dtype, bytes_per_rank, start_epoch, calls,
     calls_checked, kernel, sync, status ("pass", "fail", "skipped" or
     "error"), correct, plan, and as they apply first_mismatch, reason,
-    cuda_error, records (the ranks' non-empty error records),
-    epoch_mismatch, seconds (the harness's wall time, not a speed).
+    cuda_error (this algorithm's run, or the bitwise_against run's, named
+    so, with bitwise_error: either loses the context), records (the ranks'
+    non-empty error records), epoch_mismatch, seconds (the harness's wall
+    time, not a speed).
   """
   keep = kept_calls(s, case)
   row = {"impl": impl(s), "world_size": case.world, "dtype": case.dtype,
@@ -866,8 +871,20 @@ def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator, *,
   # The second algorithm runs here too: every device run of a case ends
   # before run_case returns (a deferred check runs beside the next case).
   other = None if s.bitwise_against is None else _run_other(mod, s, case, raw, code, keep)
+  if other is not None and other["cuda_error"] is not None:
+    # The second run lost the process's CUDA context: the case is a CUDA
+    # error (so that run_cases runs nothing more on the dead context), not a
+    # difference between the two algorithms.
+    row["bitwise_against"] = s.bitwise_against
+    row["bitwise_error"] = other["cuda_error"]
+    row["cuda_error"] = f"{s.bitwise_against} (bitwise_against): {other['cuda_error']}"
+    row["failed_call"] = other.get("failed_call")
+    row["deadline_exceeded"] = other.get("deadline_exceeded")
+    return row
   check = functools.partial(_check_case, s, case, keep, inputs, r, other, records, row)
-  return Ran(row, check) if defer else check()
+  held = inputs.nbytes + np.asarray(r["outputs"]).nbytes + (
+      0 if other is None else np.asarray(other["outputs"]).nbytes)
+  return Ran(row, check, held) if defer else check()
 
 
 def _check_case(s: Settings, case: Case, keep: int, inputs: np.ndarray, r: dict,
@@ -1289,12 +1306,15 @@ def _line(row: dict) -> str:
 # Threads that check in-process cases' outputs (`run_cases`) while the next
 # case runs on the device.
 CHECK_THREADS = max(1, min(8, os.cpu_count() or 1))
+# Host bytes the cases waiting for their checks may hold together (run_cases).
+MAX_WAITING_BYTES = 1 << 30
 
 
 def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict | Ran], str]],
               line: Callable[[dict], str], *, in_process: bool = True,
               total: int | None = None, jobs: int = 1,
-              check_threads: int = CHECK_THREADS) -> list[dict]:
+              check_threads: int = CHECK_THREADS,
+              max_waiting_bytes: int = MAX_WAITING_BYTES) -> list[dict]:
   """Runs loopback cases, printing `line(row)` for each in case order, and,
   with `total` (the number of cases), a progress line with the time left
   about every twentieth of them.
@@ -1318,6 +1338,9 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict | Ran], 
     check_threads: in process, the threads that check `Ran` cases while
       the next cases run (at most twice as many cases wait for their check;
       the rows still come in case order).
+    max_waiting_bytes: in process, the host bytes (`Ran.nbytes`) the cases
+      waiting for their check may hold together; past it, the next case
+      waits for the oldest checks (one case alone may hold more).
 
   Returns:
     The rows, one per case, in case order.
@@ -1365,13 +1388,17 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict | Ran], 
   waiting: collections.deque = collections.deque()
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, check_threads)) as pool:
 
+    held = {}  # id of a waiting check's future -> the bytes its case holds
+
     def flush(most: int) -> None:
       """Prints the rows at the head that are done, waiting for checks while
-      more than `most` are under way."""
+      more than `most` are under way or they hold more than
+      max_waiting_bytes."""
       future = concurrent.futures.Future
-      while waiting and (len(waiting) > most or not isinstance(waiting[0], future)
-                         or waiting[0].done()):
+      while waiting and (len(waiting) > most or sum(held.values()) > max_waiting_bytes
+                         or not isinstance(waiting[0], future) or waiting[0].done()):
         head = waiting.popleft()
+        held.pop(id(head), None)
         ran(head.result() if isinstance(head, future) else head)
 
     for base, reason, go, label in items:
@@ -1382,7 +1409,9 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict | Ran], 
       else:
         row, failed = attempt(base, go)
         if isinstance(row, Ran):
+          nbytes = row.nbytes
           row = pool.submit(finish, base, row)
+          held[id(row)] = nbytes
         elif in_process:
           broken = failed
           if row.get("cuda_error"):
