@@ -99,7 +99,7 @@ def _tp_model():
     yield model, hlo_check
   finally:
     sys.path.remove(str(EXAMPLE))
-    for name in ("hlo_check", "model", "attention", "matvec", "matvec_mgpu"):
+    for name in ("hlo_check", "model", "attention", "matvec", "matvec_mgpu", "mlp"):
       _DROPPED_MODULES.append(sys.modules.pop(name, None))
 
 
@@ -229,6 +229,41 @@ def test_pallas_matvec_against_float64(tp_model):
     assert np.array_equal(outs[0], outs[1])  # the same tile unrolled and as a loop
   with pytest.raises(ValueError, match="do not match"):
     matvec.matvec(x, jnp.zeros((n, k), bf), tile_=matvec.Tile(32, 128), interpret=True)
+
+
+def test_fused_mlp_against_matvec_and_float64(tp_model):
+  """mlp.mlp (Pallas's interpreter, atomics included) against matvec's glu
+  product followed by a float64 down product: the input with the residual
+  added comes back bitwise; m = silu(gate) * up is matvec's (so the down
+  product of its bfloat16 rows in float64 is the reference) within float32
+  summation; a dropped program's share or a missed chunk are far outside;
+  shapes that do not match are refused."""
+  del tp_model
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import matvec  # pylint: disable=g-import-not-at-top
+  import mlp  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(7)
+  bf = jnp.bfloat16
+  m, d, f, eps = 2, 256, 64, 1e-5
+  x, r = (jnp.asarray(rng.standard_normal((m, d)), bf) for _ in range(2))
+  wgu = jnp.asarray(rng.standard_normal((2 * f, d)) * d ** -0.5, bf)
+  wd_t = jnp.asarray(rng.standard_normal((f, d)) * f ** -0.5, bf)
+  for residual, norm in ((True, True), (False, False)):
+    kw = dict(residual=r if residual else None, norm_eps=eps if norm else None)
+    out = mlp.mlp(x, wgu, wd_t, rows=16, chunk=64, interpret=True, **kw)
+    y, xs = out if residual else (out, None)
+    got = matvec.matvec(x, wgu, glu=True, round_first=True, tile_=matvec.Tile(16, 64),
+                        interpret=True, **kw)
+    mm, xs_want = got if residual else (got, None)
+    if residual:
+      assert np.array_equal(np.asarray(xs, np.float32), np.asarray(xs_want, np.float32))
+    want = np.asarray(mm, np.float64) @ np.asarray(wd_t, np.float64)
+    assert y.shape == (m, d) and y.dtype == jnp.float32
+    err = np.abs(np.asarray(y, np.float64) - want).max() / np.abs(want).max()
+    assert err <= 1e-5, (residual, norm, err)
+  with pytest.raises(ValueError, match="do not match"):
+    mlp.mlp(x, wgu, wd_t[:, :128], interpret=True)
 
 
 def test_mosaic_gpu_chain_against_float64(tp_model):

@@ -5,6 +5,7 @@ experiment of issue 27 (benchmarks/NOTES.md entry 77).
 
   python examples/tp_decode/chain_bench.py [--kinds=1b,small,8b] [--forms=a,c,d]
   python examples/tp_decode/chain_bench.py --cpu_smoke   (interpret mode, tiny shapes)
+  python examples/tp_decode/chain_bench.py --mlp [--kinds=1b,8b]   (the MLP, entry 79)
 
 A chain is one jitted program y_{i+1} = y_i w_i^T (bfloat16 in and out), each
 product with weights of its own, so that the next product cannot start before
@@ -19,6 +20,15 @@ product = the difference / the products between them (a call's start cancels).
 ``busy/span`` is the sum of the kernels' durations over the span: above 1 the
 kernels overlapped (PDL let one start before the last ended). Every form's
 last output is compared with form a's on the same random data (scaled 1/sqrt(K)).
+
+With --mlp the chain's links are MLP blocks of one TP=2 shard (1b: D 2048, F
+4096, 50.3 MB a block, 8 blocks; 8b: D 4096, F 7168, 176.2 MB, 4 blocks), x
+-> down(silu(gate x') * up x') with x' the RMSNorm'd x (its factor applied to
+the products, as the step does): form a XLA's reduction form (model._mv: gate
+and up with the sum of squares in one reduction, the SiLU, the down product),
+b matvec.py's two Pallas kernels, c.. mlp.py's one kernel (rows x chunk x
+warps), its float32 output fed to the next block as it is (a and b round it
+to bfloat16 first).
 """
 
 from __future__ import annotations
@@ -40,6 +50,9 @@ FFI_PDL = flags.DEFINE_boolean(
     "only a module attribute); for forms whose kernels wait (pdl True or early) only.")
 CPU_SMOKE = flags.DEFINE_boolean("cpu_smoke", False, "Interpret mode, tiny shapes.")
 JSON_F = flags.DEFINE_string("json", None, "Write the rows here.")
+MLP = flags.DEFINE_boolean("mlp", False, "Chains of MLP blocks (mlp.py) in place of products.")
+MLP_TILES = flags.DEFINE_list("mlp_tiles", ["16x256x8", "32x256x8", "32x128x8", "16x128x4"],
+                              "mlp.py's rows x chunk x warps to try (--mlp).")
 
 READ_FLOOR_GBS = 4673.0  # H200, one device, a bfloat16 sum's read (NOTES 76)
 
@@ -50,6 +63,112 @@ def kinds(smoke: bool) -> dict:
             "8b": [(384, 256), (256, 384)]}
   return {"1b": [(4096, 2048), (2048, 4096)] * 16, "small": [(2048, 2048)] * 32,
           "8b": [(7168, 4096), (4096, 7168)] * 8}
+
+
+def mlp_kinds(smoke: bool) -> dict:
+  """(D, F, blocks) per kind."""
+  if smoke:
+    return {"1b": (256, 64, 3), "8b": (256, 128, 2)}
+  return {"1b": (2048, 4096, 8), "8b": (4096, 7168, 4)}
+
+
+def mlp_forms(smoke: bool) -> list:
+  """(letter, name, block(x, wgu, wd, wd_t) -> next x) per form."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  import matvec
+  import mlp
+  import model
+  f32, bf16, eps = jnp.float32, jnp.bfloat16, 1e-5
+
+  def xla(x, wgu, wd, wd_t):
+    del wd_t
+    f = wgu.shape[0] // 2
+    (g, u), ss = model._mv(x, [wgu[:f], wgu[f:]], True)
+    sc = lax.rsqrt(ss / x.shape[-1] + eps)
+    g = g.astype(bf16).astype(f32) * sc
+    u = u.astype(bf16).astype(f32) * sc
+    m = (jax.nn.silu(g) * u).astype(bf16)
+    (y,), _ = model._mv(m, [wd], False)
+    return y.astype(bf16)
+
+  interp = smoke
+
+  def pallas2(x, wgu, wd, wd_t):
+    del wd_t
+    m = matvec.matvec(x.astype(bf16), wgu, norm_eps=eps, glu=True, round_first=True,
+                      interpret=interp)
+    return matvec.matvec(m, wd, interpret=interp)
+
+  def fused(rows, chunk, warps):
+    def block(x, wgu, wd, wd_t):
+      del wd
+      return mlp.mlp(x, wgu, wd_t, norm_eps=eps, rows=rows, chunk=chunk, warps=warps,
+                     interpret=interp)
+    return block
+
+  out = [("a", "xla reduce", xla), ("b", "pallas 2 kernels", pallas2)]
+  tiles = ["16x64x4"] if smoke else MLP_TILES.value
+  for i, t in enumerate(tiles):
+    rows, chunk, warps = (int(v) for v in t.split("x"))
+    out.append((chr(ord("c") + i), f"mlp {t}", fused(rows, chunk, warps)))
+  return out
+
+
+def main_mlp() -> None:
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  smoke = CPU_SMOKE.value
+  fs = [f for f in mlp_forms(smoke) if not FORMS.value or f[0] in FORMS.value]
+  print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}; MLP blocks: us per block "
+        f"(GB/s, fraction of {READ_FLOOR_GBS:.0f}) | whole and half chain us | busy/span | "
+        "error against a", flush=True)
+  rows = []
+  for kind in [k for k in KINDS.value if k in mlp_kinds(smoke)]:
+    d, f, nb = mlp_kinds(smoke)[kind]
+    key = jax.random.key(1)
+    rnd = lambda i, shape, k: (jax.random.normal(jax.random.fold_in(key, i), shape, jnp.float32)
+                               * k ** -0.5).astype(jnp.bfloat16)
+    blocks = []
+    for i in range(nb):
+      wgu, wd = rnd(3 * i, (2 * f, d), d), rnd(3 * i + 1, (d, f), f)
+      blocks.append((wgu, wd, jnp.asarray(wd.T)))
+    x = jax.random.normal(jax.random.fold_in(key, 999), (1, d), jnp.float32).astype(jnp.bfloat16)
+    h = nb // 2
+    block_bytes = 2 * (3 * d * f)
+    ref = None
+    for letter, name, block in fs:
+      def chain(v, *ws, block=block):
+        for i in range(0, len(ws), 3):
+          v = block(v, *ws[i:i + 3])
+        return v
+      flat = [w for b in blocks for w in b]
+      row = {"kind": kind, "form": letter, "name": name, "blocks": nb, "mlp": True}
+      try:
+        whole, half = jax.jit(chain), jax.jit(chain)
+        y = np.asarray(whole(x, *flat).astype(jnp.float32))
+        jax.block_until_ready(half(x, *flat[:3 * h]))
+        t_whole, busy = device_span(whole, (x, *flat), CALLS.value)
+        t_half, _ = device_span(half, (x, *flat[:3 * h]), CALLS.value)
+        if ref is None:
+          ref = y
+        per = (t_whole - t_half) / (nb - h)
+        row.update(us_per_block=per * 1e6, whole_us=t_whole * 1e6, half_us=t_half * 1e6,
+                   gbs=block_bytes / per / 1e9, busy_over_span=busy,
+                   error=float(np.abs(y - ref).max() / np.abs(ref).max()))
+        print(f"{kind:3s} {letter} {name:18s} {row['us_per_block']:7.2f} us "
+              f"({row['gbs']:5.0f} GB/s, {row['gbs'] / READ_FLOOR_GBS:.2f}) | "
+              f"{row['whole_us']:7.1f} {row['half_us']:7.1f} | {busy:.3f} | "
+              f"{row['error']:.1e}", flush=True)
+      except Exception as e:  # a form that does not build is a row, not the end
+        row["error_text"] = f"{type(e).__name__}: {str(e)[:400]}"
+        print(f"{kind:3s} {letter} {name:18s} FAILED {row['error_text']}", flush=True)
+      rows.append(row)
+  if JSON_F.value:
+    with open(JSON_F.value, "w") as fh:
+      json.dump({"rows": rows, "device": str(jax.devices()[0].device_kind)}, fh, indent=1)
 
 
 def forms(smoke: bool) -> list:
@@ -122,6 +241,9 @@ def _mark_ffi_pdl() -> None:
 
 def main(argv):
   del argv
+  if MLP.value:
+    main_mlp()
+    return
   import jax
   import jax.numpy as jnp
   import numpy as np
