@@ -332,9 +332,12 @@ class OtherLosesContext(FakeNative):
     if kw.get("algorithm") == self.lose_for:
       self.cuda_error = "cudaErrorIllegalAddress"
     try:
-      return super().loopback(raw, dtype, calls, **kw)
+      r = super().loopback(raw, dtype, calls, **kw)
     finally:
       self.cuda_error = None
+    if kw.get("algorithm") == self.lose_for:
+      r["records"][0]["code"] = 3  # the trapping rank's record
+    return r
 
 
 def test_a_lost_context_in_the_bitwise_run_stops_the_cases(fake_run, capsys):
@@ -346,6 +349,7 @@ def test_a_lost_context_in_the_bitwise_run_stops_the_cases(fake_run, capsys):
   assert [r["status"] for r in rows] == ["error", "not_run"], rows
   assert rows[0]["cuda_error"].startswith("one_shot_ll (bitwise_against)")
   assert rows[0]["bitwise_error"] == "cudaErrorIllegalAddress"
+  assert [r["code"] for r in rows[0]["bitwise_records"]] == [3]
   assert "context was lost" in rows[1]["reason"]
   assert [c["algorithm"] for c in fake.calls] == [int(SENTINEL), int(Algorithm.ONE_SHOT_LL)]
   assert "stopped:" in capsys.readouterr().out

@@ -641,16 +641,22 @@ def test_run_cases_checks_ran_cases_in_threads_and_keeps_case_order(capsys):
 def test_run_cases_bounds_the_bytes_waiting_for_checks():
   """Before a case runs, the cases still waiting for their checks hold at
   most max_waiting_bytes: with 600-byte cases, a bound of 500 lets none wait
-  (case i runs after case i - 1's check ended) and 1000 lets one (after
-  case i - 2's); the count bound alone lets 2 x check_threads wait."""
+  when case i starts, 1000 lets one, and the count bound alone
+  (2 x check_threads) more. Deterministic: check i ends only once case
+  i + k has started (k the cases the bound should let wait), so a harness
+  that lets more wait is seen exactly, and one that waits for checks too
+  eagerly times out the check's wait."""
   import threading  # pylint: disable=g-import-not-at-top
+  n = 6
 
-  def run(max_waiting_bytes):
+  def run(max_waiting_bytes, k):
     done, waiting_at_start = set(), []
+    started = [threading.Event() for _ in range(n)]
     lock = threading.Lock()
 
     def check(i):
-      time.sleep(0.01)  # a check slower than a run: cases would pile up
+      if i + k < n:
+        assert started[i + k].wait(timeout=20), f"case {i + k} never started"
       with lock:
         done.add(i)
       return {"status": "pass", "i": i}
@@ -658,21 +664,21 @@ def test_run_cases_bounds_the_bytes_waiting_for_checks():
     def go(i):
       with lock:
         waiting_at_start.append(i - len(done))
+      started[i].set()
       return lh.Ran({"i": i}, lambda: check(i), nbytes=600)
 
     def items():
-      for i in range(6):
+      for i in range(n):
         yield {"status": "error", "i": i}, None, (lambda i=i: go(i)), f"case {i}"
 
     rows = lh.run_cases(items(), lambda r: "", check_threads=4,
                         max_waiting_bytes=max_waiting_bytes)
-    assert [r["i"] for r in rows] == list(range(6))
+    assert [(r["i"], r["status"]) for r in rows] == [(i, "pass") for i in range(n)], rows
     return max(waiting_at_start)
 
-  assert run(max_waiting_bytes=500) == 0
-  assert run(max_waiting_bytes=1000) == 1
-  assert run(max_waiting_bytes=1 << 30) > 1  # the count bound (8) alone
-  assert lh.MAX_WAITING_BYTES >= 1 << 20
+  assert run(max_waiting_bytes=500, k=0) == 0
+  assert run(max_waiting_bytes=1000, k=1) == 1
+  assert run(max_waiting_bytes=1 << 30, k=3) >= 3  # up to 2 x check_threads
 
 
 def test_a_deferred_case_checks_as_an_immediate_one():
@@ -686,5 +692,8 @@ def test_a_deferred_case_checks_as_an_immediate_one():
     later = lh.run_case(FakeNative(corrupt=corrupt), s, case, np.random.default_rng(3),
                         defer=True)
     assert isinstance(later, lh.Ran)
+    # What it holds until checked: the inputs (sets x ranks x 100 bytes) and
+    # the kept calls' outputs (calls x ranks x 100 bytes).
+    assert later.nbytes == (s.sets + lh.kept_calls(s, case)) * 3 * 100, later.nbytes
     assert json.dumps(later.finish(), sort_keys=True) == json.dumps(now, sort_keys=True)
     assert now["status"] == ("pass" if corrupt is None else "fail")

@@ -159,7 +159,7 @@ class Settings:
     max_output_bytes: bound on the outputs held per case (device and host);
       `run_cases` holds up to 2 x CHECK_THREADS + 1 cases' inputs and outputs
       on the host while their checks wait, together at most MAX_WAITING_BYTES
-      (more only when one case alone holds more).
+      when a case starts (`run_cases`' max_waiting_bytes).
     seed: seed of the random inputs.
     device: CUDA ordinal to run on.
     algorithm: the algorithm under test, a short name (ALGORITHMS); generic
@@ -809,9 +809,9 @@ def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator, *,
     calls_checked, kernel, sync, status ("pass", "fail", "skipped" or
     "error"), correct, plan, and as they apply first_mismatch, reason,
     cuda_error (this algorithm's run, or the bitwise_against run's, named
-    so, with bitwise_error: either loses the context), records (the ranks'
-    non-empty error records), epoch_mismatch, seconds (the harness's wall
-    time, not a speed).
+    so, with bitwise_error and that run's records as bitwise_records: either
+    loses the context), records (the ranks' non-empty error records),
+    epoch_mismatch, seconds (the harness's wall time, not a speed).
   """
   keep = kept_calls(s, case)
   row = {"impl": impl(s), "world_size": case.world, "dtype": case.dtype,
@@ -880,6 +880,8 @@ def run_case(mod: Any, s: Settings, case: Case, rng: np.random.Generator, *,
     row["cuda_error"] = f"{s.bitwise_against} (bitwise_against): {other['cuda_error']}"
     row["failed_call"] = other.get("failed_call")
     row["deadline_exceeded"] = other.get("deadline_exceeded")
+    if other_records := _reported(other["records"]):
+      row["bitwise_records"] = other_records
     return row
   check = functools.partial(_check_case, s, case, keep, inputs, r, other, records, row)
   held = inputs.nbytes + np.asarray(r["outputs"]).nbytes + (
@@ -931,13 +933,10 @@ def _run_other(mod: Any, s: Settings, case: Case, raw: np.ndarray, code: int,
 
 def _check_bitwise(s: Settings, case: Case, inputs: np.ndarray, outputs: np.ndarray, r: dict,
                    o: dict, row: dict) -> bool:
-  """Compares the outputs with s.bitwise_against's run `o` (`_run_other`)
-  byte for byte; fills the row's bitwise_* fields. True when they are
-  equal."""
+  """Compares the outputs with s.bitwise_against's run `o` (`_run_other`;
+  one that lost the context never gets here, `run_case` ends the case) byte
+  for byte; fills the row's bitwise_* fields. True when they are equal."""
   row["bitwise_against"] = s.bitwise_against
-  if o["cuda_error"] is not None:
-    row["bitwise_error"] = o["cuda_error"]
-    return False
   other = np.asarray(o["outputs"]).view(case.np_dtype)
   difference = bitwise_difference(outputs, other, r["first_kept_call"], inputs,
                                   nan=s.bitwise_nan)
@@ -1338,9 +1337,11 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict | Ran], 
     check_threads: in process, the threads that check `Ran` cases while
       the next cases run (at most twice as many cases wait for their check;
       the rows still come in case order).
-    max_waiting_bytes: in process, the host bytes (`Ran.nbytes`) the cases
-      waiting for their check may hold together; past it, the next case
-      waits for the oldest checks (one case alone may hold more).
+    max_waiting_bytes: in process, the host bytes (`Ran.nbytes`: inputs
+      and outputs) the cases waiting for their checks may hold together
+      when the next case starts; past it, the oldest checks are waited for
+      first (a case larger than the bound is checked before the next case
+      runs). The running case and the checks' own temporaries come on top.
 
   Returns:
     The rows, one per case, in case order.
@@ -1388,7 +1389,7 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict | Ran], 
   waiting: collections.deque = collections.deque()
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, check_threads)) as pool:
 
-    held = {}  # id of a waiting check's future -> the bytes its case holds
+    held = {}  # a waiting check's future -> the bytes its case holds
 
     def flush(most: int) -> None:
       """Prints the rows at the head that are done, waiting for checks while
@@ -1398,7 +1399,8 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict | Ran], 
       while waiting and (len(waiting) > most or sum(held.values()) > max_waiting_bytes
                          or not isinstance(waiting[0], future) or waiting[0].done()):
         head = waiting.popleft()
-        held.pop(id(head), None)
+        if isinstance(head, future):
+          held.pop(head, None)
         ran(head.result() if isinstance(head, future) else head)
 
     for base, reason, go, label in items:
@@ -1411,7 +1413,7 @@ def run_cases(items: Iterable[tuple[dict, str | None, Callable[[], dict | Ran], 
         if isinstance(row, Ran):
           nbytes = row.nbytes
           row = pool.submit(finish, base, row)
-          held[id(row)] = nbytes
+          held[row] = nbytes
         elif in_process:
           broken = failed
           if row.get("cuda_error"):
