@@ -264,6 +264,8 @@ def test_fused_mlp_against_matvec_and_float64(tp_model):
     assert err <= 1e-5, (residual, norm, err)
   with pytest.raises(ValueError, match="do not match"):
     mlp.mlp(x, wgu, wd_t[:, :128], interpret=True)
+  with pytest.raises(ValueError, match="positive"):
+    mlp.mlp(x, wgu, wd_t, rows=0, interpret=True)
 
 
 def test_mosaic_gpu_chain_against_float64(tp_model):
@@ -277,7 +279,12 @@ def test_mosaic_gpu_chain_against_float64(tp_model):
   import matvec_mgpu  # pylint: disable=g-import-not-at-top
   errs = matvec_mgpu.check_chain(chains=(((256, 512), (384, 256)),), m=3,
                                  rows_per_block=64, stages=3)
+  # Float32 sums of exact products: at most one bfloat16 rounding flip.
   assert all(e <= 2.0 ** -8 for e in errs.values()), errs
+  for bad in (dict(rows_per_block=0), dict(stages=0), dict(pdl="late"), dict(tile_k=32)):
+    with pytest.raises(ValueError):
+      matvec_mgpu.matvec_mgpu_chain(jnp.zeros((8, 512), jnp.bfloat16),
+                                    jnp.zeros((256, 512), jnp.bfloat16), **bad)
   with pytest.raises(ValueError, match="multiple of 8"):
     matvec_mgpu.matvec_mgpu_chain(jnp.zeros((8, 512), jnp.bfloat16),
                                   jnp.zeros((100, 512), jnp.bfloat16))
@@ -404,6 +411,30 @@ def test_compare_forms_on_cpu():
   assert m, p.stdout[-2000:]
   assert 0 < float(m.group(1)) <= float(m.group(2)) < 3, m.group(0)
   assert p.stdout.count("TP=2            seed 0 step") == 2, p.stdout
+
+
+def test_chain_bench_smoke_on_cpu(tmp_path):
+  """examples/tp_decode/chain_bench.py's CPU smoke runs (the interpreters,
+  tiny shapes) end with every form's row and its JSON: the Mosaic GPU chain
+  and the fused MLP agree with XLA's reduction form on the same data; an
+  unknown chain kind is refused."""
+  env = dict(os.environ)
+  env.pop("JAX_PLATFORMS", None)
+  for extra, forms in ((["--kinds=small"], "ad"), (["--mlp", "--kinds=1b"], "ac")):
+    out = tmp_path / "rows.json"
+    p = subprocess.run([sys.executable, "examples/tp_decode/chain_bench.py", "--cpu_smoke",
+                        f"--forms={','.join(forms)}", f"--json={out}", *extra], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["form"] for r in rows] == list(forms), rows
+    assert all("error_text" not in r for r in rows), rows
+    # Float32 sums in another order before each bfloat16 rounding; the fused
+    # MLP's float32 output also skips the rounding between blocks.
+    assert rows[1]["error"] <= (2e-2 if "--mlp" in extra else 2.0 ** -7), rows
+  p = subprocess.run([sys.executable, "examples/tp_decode/chain_bench.py", "--kinds=9b"],
+                     cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  assert p.returncode != 0 and "unknown ['9b']" in p.stdout + p.stderr
 
 
 def test_swap_marks_on_cpu(tmp_path):

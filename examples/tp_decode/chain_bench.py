@@ -41,7 +41,8 @@ import time
 
 from absl import app, flags
 
-KINDS = flags.DEFINE_list("kinds", ["1b", "small", "8b"], "Chains to run.")
+KINDS = flags.DEFINE_list("kinds", [], "Chains to run (empty: all of the mode's: 1b, small "
+                          "and 8b; with --mlp 1b and 8b).")
 FORMS = flags.DEFINE_list("forms", [], "Form letters to run (empty: all).")
 CALLS = flags.DEFINE_integer("calls", 5, "Profiled calls per chain.", lower_bound=1)
 FFI_PDL = flags.DEFINE_boolean(
@@ -54,10 +55,13 @@ MLP = flags.DEFINE_boolean("mlp", False, "Chains of MLP blocks (mlp.py) in place
 MLP_TILES = flags.DEFINE_list("mlp_tiles", ["16x256x8", "32x256x8", "32x128x8", "16x128x4"],
                               "mlp.py's rows x chunk x warps to try (--mlp).")
 
-READ_FLOOR_GBS = 4673.0  # H200, one device, a bfloat16 sum's read (NOTES 76)
+READ_FLOOR = flags.DEFINE_float(
+    "read_floor_gbs", 4673.0, "The read bandwidth the printed fractions are of, GB/s "
+    "(default: one H200's, from a bfloat16 sum's kernels; benchmarks/NOTES.md entry 76).")
 
 
 def kinds(smoke: bool) -> dict:
+  """Per chain kind, its products' (N, K), N_i = K_{i+1}."""
   if smoke:
     return {"1b": [(256, 128), (128, 256)] * 2, "small": [(128, 128)] * 3,
             "8b": [(384, 256), (256, 384)]}
@@ -116,17 +120,18 @@ def mlp_forms(smoke: bool) -> list:
   return out
 
 
-def main_mlp() -> None:
+def main_mlp(chosen: list) -> None:
+  """The --mlp chains of the kinds `chosen` (mlp_kinds' keys)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
   smoke = CPU_SMOKE.value
   fs = [f for f in mlp_forms(smoke) if not FORMS.value or f[0] in FORMS.value]
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}; MLP blocks: us per block "
-        f"(GB/s, fraction of {READ_FLOOR_GBS:.0f}) | whole and half chain us | busy/span | "
+        f"(GB/s, fraction of {READ_FLOOR.value:.0f}) | whole and half chain us | busy/span | "
         "error against a", flush=True)
   rows = []
-  for kind in [k for k in KINDS.value if k in mlp_kinds(smoke)]:
+  for kind in chosen:
     d, f, nb = mlp_kinds(smoke)[kind]
     key = jax.random.key(1)
     rnd = lambda i, shape, k: (jax.random.normal(jax.random.fold_in(key, i), shape, jnp.float32)
@@ -159,7 +164,7 @@ def main_mlp() -> None:
                    gbs=block_bytes / per / 1e9, busy_over_span=busy,
                    error=float(np.abs(y - ref).max() / np.abs(ref).max()))
         print(f"{kind:3s} {letter} {name:18s} {row['us_per_block']:7.2f} us "
-              f"({row['gbs']:5.0f} GB/s, {row['gbs'] / READ_FLOOR_GBS:.2f}) | "
+              f"({row['gbs']:5.0f} GB/s, {row['gbs'] / READ_FLOOR.value:.2f}) | "
               f"{row['whole_us']:7.1f} {row['half_us']:7.1f} | {busy:.3f} | "
               f"{row['error']:.1e}", flush=True)
       except Exception as e:  # a form that does not build is a row, not the end
@@ -187,12 +192,13 @@ def forms(smoke: bool) -> list:
 
   mg = lambda **kw: functools.partial(mm.matvec_mgpu_chain, **kw)
   extra = dict(rows_per_block=64) if smoke else {}
+  wide = dict(tile_k=128) if smoke else dict(tile_k=256)  # the smoke shapes' K is 128-384
   return [("a", "xla reduce", reduce_form, False), ("b", "xla dot", dot_form, False),
           ("c", "mgpu pdl", mg(pdl=True, **extra), True),
           ("d", "mgpu no pdl", mg(pdl=False, **extra), True),
           ("e", "mgpu pdl early", mg(pdl="early", **extra), True),
           ("f", "mgpu pdl 8 stages", mg(pdl=True, stages=8, **extra), True),
-          ("g", "mgpu pdl tile_k 256", mg(pdl=True, tile_k=256, **extra), True)]
+          ("g", f"mgpu pdl tile_k {wide['tile_k']}", mg(pdl=True, **wide, **extra), True)]
 
 
 def device_span(fn, args, calls: int) -> tuple[float, float]:
@@ -241,8 +247,15 @@ def _mark_ffi_pdl() -> None:
 
 def main(argv):
   del argv
+  known = mlp_kinds(False) if MLP.value else kinds(False)
+  chosen = KINDS.value or list(known)
+  unknown = sorted(set(chosen) - set(known))
+  if unknown:
+    raise app.UsageError(f"--kinds: unknown {unknown}; known: {', '.join(known)}")
   if MLP.value:
-    main_mlp()
+    if FFI_PDL.value:
+      raise app.UsageError("--ffi_uses_pdl applies to the Mosaic GPU chains, not --mlp")
+    main_mlp(chosen)
     return
   import jax
   import jax.numpy as jnp
@@ -257,10 +270,10 @@ def main(argv):
   interp = ((lambda: plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams())) if smoke
             else contextlib.nullcontext)
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}, ffi_uses_pdl "
-        f"{FFI_PDL.value}; us per product (GB/s, fraction of {READ_FLOOR_GBS:.0f}) | "
+        f"{FFI_PDL.value}; us per product (GB/s, fraction of {READ_FLOOR.value:.0f}) | "
         "whole and half chain us | busy/span | error against a", flush=True)
   rows = []
-  for kind in KINDS.value:
+  for kind in chosen:
     dims = kinds(smoke)[kind]
     p, h = len(dims), len(dims) // 2
     key = jax.random.key(0)
@@ -293,7 +306,7 @@ def main(argv):
                    gbs=extra_bytes / (t_whole - t_half) / 1e9, busy_over_span=busy,
                    error=float(np.abs(y - ref).max() / np.abs(ref).max()))
         print(f"{kind:5s} {letter} {name:20s} {row['us_per_product']:7.2f} us "
-              f"({row['gbs']:5.0f} GB/s, {row['gbs'] / READ_FLOOR_GBS:.2f}) | "
+              f"({row['gbs']:5.0f} GB/s, {row['gbs'] / READ_FLOOR.value:.2f}) | "
               f"{row['whole_us']:7.1f} {row['half_us']:7.1f} | {busy:.3f} | "
               f"{row['error']:.1e}", flush=True)
       except Exception as e:  # a form that does not build is a row, not the end

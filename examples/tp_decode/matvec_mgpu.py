@@ -172,8 +172,8 @@ def matvec_mgpu_chain(xt, w, *, rows_per_block=None, tile_k=128, stages=4,
     (8, N) bfloat16.
 
   Raises:
-    ValueError: operands that are not (8, K) and (N, K) bfloat16, or a tile
-      that does not divide them.
+    ValueError: operands that are not (8, K) and (N, K) bfloat16, a tile
+      that does not divide them, stages below 1 or an unknown pdl.
 
   Example (two products, the first one's output the second one's input)::
 
@@ -187,10 +187,13 @@ def matvec_mgpu_chain(xt, w, *, rows_per_block=None, tile_k=128, stages=4,
   if pdl not in (True, False, "early"):
     raise ValueError(f"pdl={pdl!r}: True, False or 'early'")
   rows = chain_rows(n) if rows_per_block is None else rows_per_block
-  if rows % 8 or rows > 256 or n % rows:
-    raise ValueError(f"rows_per_block={rows} must be a multiple of 8 dividing {n=}")
-  if tile_k % 64 or tile_k > 256 or k % tile_k:
-    raise ValueError(f"{tile_k=} must be a multiple of 64 dividing {k=}")
+  if rows < 8 or rows % 8 or rows > 256 or n % rows:
+    raise ValueError(f"rows_per_block={rows} must be a multiple of 8, at most 256, "
+                     f"dividing {n=}")
+  if tile_k < 64 or tile_k % 64 or tile_k > 256 or k % tile_k:
+    raise ValueError(f"{tile_k=} must be a multiple of 64, at most 256, dividing {k=}")
+  if stages < 1:
+    raise ValueError(f"{stages=} must be at least 1")
   steps = k // tile_k
   stages = min(stages, steps)
   span = _B + rows
@@ -220,7 +223,7 @@ def check_chain(chains=CHAINS, m=1, **kw):
   """Runs each chain of products (N_i, K_i), N_i = K_{i+1}, through
   matvec_mgpu_chain in interpret mode on CPU, output of one call fed straight
   into the next; the reference is numpy float64 with bfloat16 rounding after
-  each product. Returns max |error| / max |y| of the last output per chain
+  each product. Returns max |error| / max |reference| of the last output per chain
   (rows >= m must stay exactly zero)."""
   rng = np.random.default_rng(0)
   errs = {}

@@ -2,7 +2,7 @@
 experiment of issue 27 (benchmarks/NOTES.md entries 78-79), not a step form.
 
 A step that runs each product as a kernel of its own pays each product's fixed
-cost (the ramp and drain of a kernel, 1.9-2.9 us on H200; NOTES 77-78). Here
+cost (the ramp and drain of a kernel; benchmarks/NOTES.md entries 77-78). Here
 the down product joins the gate/up product's kernel by splitting its
 contraction: program j owns `rows` rows of the MLP width F; it forms its rows
 of m = silu(gate) * up exactly as ``matvec.matvec(glu=True)`` does (the input
@@ -13,9 +13,10 @@ so that a program reads whole rows of it.
 
 The output is the float32 sum over the programs' shares, added in the order
 the programs reach the atomics: it can differ in its last bits from run to run
-(the model rounds it to bfloat16 next); `acc` is the zeroed buffer it is added
-into (donated). On GPUs Pallas's Triton backend compiles it; elsewhere it runs
-in Pallas's interpreter.
+(the model rounds it to bfloat16 next); the kernel adds into a zeroed buffer
+made for each call and aliased to its output. On GPUs Pallas's Triton backend
+compiles it (its blocks are (rows, D): D must be a power of two there);
+elsewhere it runs in Pallas's interpreter.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def mlp(x: jax.Array, wgu: jax.Array, wd_t: jax.Array, *,
   """down(silu(gate x) * up x) for each row of x, in one kernel.
 
   Args:
-    x: (M, D) bfloat16 input rows.
+    x: (M, D) input rows, bfloat16 (or float32, taken as it is).
     wgu: (2F, D) bfloat16, [gate; up], contracting-minor (``model``'s layout).
     wd_t: (F, D) bfloat16, W_down transposed (``model`` keeps W_down (D, F)).
     residual: None or (M, D) bfloat16: the input is x + residual rounded to
@@ -97,8 +98,8 @@ def mlp(x: jax.Array, wgu: jax.Array, wd_t: jax.Array, *,
     with residual, (y, x + residual).
 
   Raises:
-    ValueError: shapes that do not match, or rows / chunk that do not divide
-      them.
+    ValueError: shapes that do not match, weights that are not bfloat16, or
+      rows / chunk that are not powers of two dividing F / D.
 
   Example (the MLP of one row after the attention's all-reduce)::
 
@@ -107,6 +108,9 @@ def mlp(x: jax.Array, wgu: jax.Array, wd_t: jax.Array, *,
   m, d = x.shape
   f2, d2 = wgu.shape
   f = f2 // 2
+  if rows < 1 or chunk < 1 or wgu.dtype != jnp.bfloat16 or wd_t.dtype != jnp.bfloat16:
+    raise ValueError(f"mlp: rows {rows} and chunk {chunk} must be positive, wgu and wd_t "
+                     f"bfloat16 (are {wgu.dtype}, {wd_t.dtype})")
   if (d2 != d or f2 % 2 or wd_t.shape != (f, d)
       or (residual is not None and residual.shape != x.shape)
       or f % rows or d % chunk or rows & (rows - 1) or chunk & (chunk - 1)):
