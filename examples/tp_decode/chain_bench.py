@@ -78,24 +78,15 @@ def mlp_kinds(smoke: bool) -> dict:
 
 def mlp_forms(smoke: bool) -> list:
   """(letter, name, block(x, wgu, wd, wd_t) -> next x) per form."""
-  import jax
   import jax.numpy as jnp
-  from jax import lax
   import matvec
   import mlp
   import model
-  f32, bf16, eps = jnp.float32, jnp.bfloat16, 1e-5
+  bf16, eps = jnp.bfloat16, 1e-5
 
   def xla(x, wgu, wd, wd_t):
     del wd_t
-    f = wgu.shape[0] // 2
-    (g, u), ss = model._mv(x, [wgu[:f], wgu[f:]], True)
-    sc = lax.rsqrt(ss / x.shape[-1] + eps)
-    g = g.astype(bf16).astype(f32) * sc
-    u = u.astype(bf16).astype(f32) * sc
-    m = (jax.nn.silu(g) * u).astype(bf16)
-    (y,), _ = model._mv(m, [wd], False)
-    return y.astype(bf16)
+    return model.reduce_product(model.glu(*model.reduce_glu_parts(x, wgu, eps)), wd)
 
   interp = smoke
 
@@ -179,21 +170,16 @@ def main_mlp(chosen: list) -> None:
 def forms(smoke: bool) -> list:
   """(letter, name, product, takes (8, K)) per form."""
   import jax.numpy as jnp
-  from jax import lax
   import matvec_mgpu as mm
-  f32, bf16 = jnp.float32, jnp.bfloat16
-
-  def reduce_form(x, w):
-    return lax.reduce(x[:, None, :].astype(f32) * w[None].astype(f32), f32(0), lax.add,
-                      (2,)).astype(bf16)
+  import model
 
   def dot_form(x, w):
-    return jnp.dot(x, w.T, preferred_element_type=f32).astype(bf16)
+    return jnp.dot(x, w.T, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
 
   mg = lambda **kw: functools.partial(mm.matvec_mgpu_chain, **kw)
   extra = dict(rows_per_block=64) if smoke else {}
   wide = dict(tile_k=128) if smoke else dict(tile_k=256)  # the smoke shapes' K is 128-384
-  return [("a", "xla reduce", reduce_form, False), ("b", "xla dot", dot_form, False),
+  return [("a", "xla reduce", model.reduce_product, False), ("b", "xla dot", dot_form, False),
           ("c", "mgpu pdl", mg(pdl=True, **extra), True),
           ("d", "mgpu no pdl", mg(pdl=False, **extra), True),
           ("e", "mgpu pdl early", mg(pdl="early", **extra), True),

@@ -89,22 +89,19 @@ def main(argv):
   on_gpu = jax.devices()[0].platform == "gpu"
 
   def xla_form(kind, n):
+    """The step's own "reduce" form of the product (model.py's functions)."""
+    del n
+
     def f(x, r, w):
-      if kind in ("norm", "glu"):
+      if kind == "glu":
         xs = x + r
-        if kind == "glu":
-          (g, u), ss = model._mv(xs, [w[:n // 2], w[n // 2:]], True)
-          sc = lax.rsqrt(ss / xs.shape[-1] + eps)
-          g = g.astype(jnp.bfloat16).astype(jnp.float32) * sc
-          u = u.astype(jnp.bfloat16).astype(jnp.float32) * sc
-          return (jax.nn.silu(g) * u).astype(jnp.bfloat16), xs
-        (y,), ss = model._mv(xs, [w], True)
-        return y.astype(jnp.bfloat16) * lax.rsqrt(ss / xs.shape[-1] + eps), xs
+        return model.glu(*model.reduce_glu_parts(xs, w, eps)), xs
+      if kind == "norm":
+        xs = x + r
+        return model.reduce_normed(xs, w, eps), xs
       if kind == "head":
-        (y,), ss = model._mv(x, [w], True)
-        return y * lax.rsqrt(ss / x.shape[-1] + eps), x
-      (y,), _ = model._mv(x, [w], False)
-      return y.astype(jnp.bfloat16), x
+        return model.reduce_normed(x, w, eps, round_first=False), x
+      return model.reduce_product(x, w), x
     return f
 
   interp = not on_gpu

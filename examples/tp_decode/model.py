@@ -196,6 +196,46 @@ def _mv(x: jax.Array, ws, with_ss: bool):
   return (list(out[:-1]), out[-1]) if with_ss else (list(out), None)
 
 
+def rms_factor(x: jax.Array, ss: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm's factor rsqrt(mean(x^2) + eps) of x (M, D) from `ss`, the sums
+  of squares of x's rows that `_mv` carried along each output row (M, N):
+  (M, N) float32."""
+  return lax.rsqrt(ss / x.shape[-1] + eps)
+
+
+def reduce_product(x: jax.Array, w: jax.Array) -> jax.Array:
+  """x (M, K) times w (N, K) in the "reduce" form (`_mv`), rounded: (M, N)
+  bfloat16 (the o and down products)."""
+  (y,), _ = _mv(x, [w], False)
+  return y.astype(DTYPE)
+
+
+def reduce_normed(x: jax.Array, w: jax.Array, eps: float, round_first: bool = True) -> jax.Array:
+  """RMSNorm(x) times w in the "reduce" form, the gain folded into w (the
+  module docstring): the sum of squares rides in the product's reduction
+  and the factor scales the product, rounded to bfloat16 first with
+  `round_first` (the Q, K, V products) or not (the LM head's logits):
+  (M, N) float32."""
+  (y,), ss = _mv(x, [w], True)
+  return (y.astype(DTYPE) if round_first else y) * rms_factor(x, ss, eps)
+
+
+def reduce_glu_parts(x: jax.Array, wgu: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
+  """RMSNorm(x) times the gate and the up halves of wgu (2F, K) in one
+  reduction with the sum of squares (glu "inrow"), each product rounded to
+  bfloat16 and then scaled: (gate, up), each (M, F) float32 (`glu` takes
+  them)."""
+  f = wgu.shape[0] // 2
+  (gt, up), ss = _mv(x, [wgu[:f], wgu[f:]], True)
+  r = rms_factor(x, ss, eps)
+  return gt.astype(DTYPE).astype(jnp.float32) * r, up.astype(DTYPE).astype(jnp.float32) * r
+
+
+def glu(gt: jax.Array, up: jax.Array) -> jax.Array:
+  """The MLP's silu(gate) * up, rounded: (M, F) bfloat16."""
+  return (jax.nn.silu(gt) * up).astype(DTYPE)
+
+
 # The products Step.pallas_products may name.
 PALLAS_PRODUCTS = ("qkv", "o", "gu", "down", "head")
 
@@ -410,7 +450,7 @@ class Model:
     sums of squares of x's rows that `_mv` carried along each output row,
     (M, N)."""
     if ss is not None:
-      return lax.rsqrt(ss / x.shape[-1] + self.cfg.norm_eps)
+      return rms_factor(x, ss, self.cfg.norm_eps)
     x32 = x.astype(jnp.float32)
     return lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + self.cfg.norm_eps)
 
@@ -470,9 +510,11 @@ class Model:
     elif fused:
       hf = h.reshape(b * t, d)
       qkv = _mv(hf, [lp["wqkv"]], False)[0][0].astype(DTYPE) if vec else _mm(hf, lp["wqkv"])
+    elif vec and st.norm == "inrow":
+      qkv = reduce_normed(xf, lp["wqkv"], c.norm_eps)
     elif vec:
-      (y,), ss = _mv(xf, [lp["wqkv"]], st.norm == "inrow")
-      qkv = y.astype(DTYPE) * self._rms_scale(xf, ss)
+      (y,), _ = _mv(xf, [lp["wqkv"]], False)
+      qkv = y.astype(DTYPE) * self._rms_scale(xf)
     else:
       qkv = _mm(xf, lp["wqkv"]) * self._rms_scale(xf)
     if st.attn == "pallas" and t == 1:
@@ -524,8 +566,7 @@ class Model:
     if pk("o"):
       ao = self._mvp(o, lp["wo"])
     elif vec:
-      (ao,), _ = _mv(o, [lp["wo"]], False)
-      ao = ao.astype(DTYPE)
+      ao = reduce_product(o, lp["wo"])
     else:
       ao = _mm(o, lp["wo"])
     f = self.f_loc
@@ -554,10 +595,7 @@ class Model:
         x = x + psum_fn(ao.reshape(b, t, d), "tp")
         xf = x.reshape(b * t, d)
         if vec and st.glu == "inrow":
-          (gt, up), ss = _mv(xf, [lp["wgu"][:f], lp["wgu"][f:]], True)
-          r = self._rms_scale(xf, ss)
-          gt = gt.astype(DTYPE).astype(jnp.float32) * r
-          up = up.astype(DTYPE).astype(jnp.float32) * r
+          gt, up = reduce_glu_parts(xf, lp["wgu"], c.norm_eps)
         else:
           if vec:
             (gu,), ss = _mv(xf, [lp["wgu"]], st.norm == "inrow")
@@ -565,12 +603,11 @@ class Model:
           else:
             gu = _mm(xf, lp["wgu"]).astype(jnp.float32) * self._rms_scale(xf)
           gt, up = gu[:, :f], gu[:, f:]
-      m = (jax.nn.silu(gt) * up).astype(DTYPE)
+      m = glu(gt, up)
     if pk("down"):
       dn = self._mvp(m, lp["wdown"])
     elif vec:
-      (dn,), _ = _mv(m, [lp["wdown"]], False)
-      dn = dn.astype(DTYPE)
+      dn = reduce_product(m, lp["wdown"])
     else:
       dn = _mm(m, lp["wdown"])
     if fused:
@@ -640,10 +677,12 @@ class Model:
         (logits,), _ = _mv(hl, [params["lm_head"]], False)
       else:
         logits = _mm(hl, params["lm_head"], jnp.float32)
+    elif st.head == "mv" and self._vec(xl.shape[0]) and st.head_scale and st.norm == "inrow":
+      logits = reduce_normed(xl, params["lm_head"], self.cfg.norm_eps, round_first=False)
     elif st.head == "mv" and self._vec(xl.shape[0]):
-      (logits,), ss = _mv(xl, [params["lm_head"]], st.norm == "inrow" and st.head_scale)
+      (logits,), _ = _mv(xl, [params["lm_head"]], False)
       if st.head_scale:
-        logits = logits * self._rms_scale(xl, ss)
+        logits = logits * self._rms_scale(xl)
     else:
       logits = _mm(xl, params["lm_head"], jnp.float32)  # (B, V/tp)
       if st.head_scale:
