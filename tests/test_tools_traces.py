@@ -135,3 +135,18 @@ def test_cpu_trace_read_back_through_profile_data():
   assert timed, "no event with a positive duration"
   assert all(isinstance(e.ts, float) and e.dur >= 0 for e in events)
   assert traces.trace_stats(events, calls=3)["devices"] == {}
+
+
+def test_device_calls_cut_at_idle_gaps():
+  """Kernels come back per call, in start order, cut where the device idles
+  longer than the gap; host events and instant events are left out; a
+  kernel that starts inside a long earlier one's span stays in its call."""
+  evs = [Event(GPU0, STREAM, "b", 5.0, 1.0), Event(GPU0, STREAM, "a", 0.0, 900.0),
+         Event(GPU0, STREAM, "c", 2000.0, 1.0), Event(GPU0, STREAM, "d", 2500.0, 1.0),
+         Event(HOST, "thread 1", "cuGraphLaunch", 1500.0, 5.0),
+         Event(GPU0, STREAM, "marker", 1500.0, 0.0)]
+  calls = traces.device_calls(evs, gap_us=1000.0)
+  assert [[e.name for e in c] for c in calls] == [["a", "b"], ["c", "d"]]
+  assert [[e.name for e in c] for c in traces.device_calls(evs, gap_us=100.0)] == [
+      ["a", "b"], ["c"], ["d"]]
+  assert traces.device_calls([]) == []

@@ -115,7 +115,6 @@ def main_mlp(chosen: list) -> None:
   """The --mlp chains of the kinds `chosen` (mlp_kinds' keys)."""
   import jax
   import jax.numpy as jnp
-  import numpy as np
   smoke = CPU_SMOKE.value
   fs = [f for f in mlp_forms(smoke) if not FORMS.value or f[0] in FORMS.value]
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}; MLP blocks: us per block "
@@ -134,37 +133,18 @@ def main_mlp(chosen: list) -> None:
     x = jax.random.normal(jax.random.fold_in(key, 999), (1, d), jnp.float32).astype(jnp.bfloat16)
     h = nb // 2
     block_bytes = 2 * (3 * d * f)
+    flat = [w for b in blocks for w in b]
     ref = None
     for letter, name, block in fs:
       def chain(v, *ws, block=block):
         for i in range(0, len(ws), 3):
           v = block(v, *ws[i:i + 3])
         return v
-      flat = [w for b in blocks for w in b]
       row = {"kind": kind, "form": letter, "name": name, "blocks": nb, "mlp": True}
-      try:
-        whole, half = jax.jit(chain), jax.jit(chain)
-        y = np.asarray(whole(x, *flat).astype(jnp.float32))
-        jax.block_until_ready(half(x, *flat[:3 * h]))
-        t_whole, busy = device_span(whole, (x, *flat), CALLS.value)
-        t_half, _ = device_span(half, (x, *flat[:3 * h]), CALLS.value)
-        if ref is None:
-          ref = y
-        per = (t_whole - t_half) / (nb - h)
-        row.update(us_per_block=per * 1e6, whole_us=t_whole * 1e6, half_us=t_half * 1e6,
-                   gbs=block_bytes / per / 1e9, busy_over_span=busy,
-                   error=float(np.abs(y - ref).max() / np.abs(ref).max()))
-        print(f"{kind:3s} {letter} {name:18s} {row['us_per_block']:7.2f} us "
-              f"({row['gbs']:5.0f} GB/s, {row['gbs'] / READ_FLOOR.value:.2f}) | "
-              f"{row['whole_us']:7.1f} {row['half_us']:7.1f} | {busy:.3f} | "
-              f"{row['error']:.1e}", flush=True)
-      except Exception as e:  # a form that does not build is a row, not the end
-        row["error_text"] = f"{type(e).__name__}: {str(e)[:400]}"
-        print(f"{kind:3s} {letter} {name:18s} FAILED {row['error_text']}", flush=True)
+      ref = _time_chain(row, "us_per_block", chain, (x, *flat), (x, *flat[:3 * h]), nb - h,
+                        block_bytes * (nb - h), ref, contextlib.nullcontext)
       rows.append(row)
-  if JSON_F.value:
-    with open(JSON_F.value, "w") as fh:
-      json.dump({"rows": rows, "device": str(jax.devices()[0].device_kind)}, fh, indent=1)
+  _write(rows)
 
 
 def forms(smoke: bool) -> list:
@@ -203,19 +183,54 @@ def device_span(fn, args, calls: int) -> tuple[float, float]:
     for _ in range(calls):
       jax.block_until_ready(fn(*args))
       time.sleep(0.002)
-  ev = sorted((e for e in traces.profile(run, calls=1)
-               if e.process.startswith(traces.DEVICE_PREFIX) and e.dur > 0), key=lambda e: e.ts)
-  groups, cur = [], []
-  for e in ev:
-    if cur and e.ts - max(c.ts + c.dur for c in cur) > 1000:
-      groups.append(cur)
-      cur = []
-    cur.append(e)
-  if cur:
-    groups.append(cur)
+  groups = traces.device_calls(traces.profile(run, calls=1))
   spans = [max(e.ts + e.dur for e in g) - g[0].ts for g in groups]
   busy = [sum(e.dur for e in g) for g in groups]
   return statistics.median(spans) * 1e-6, statistics.median(busy) / statistics.median(spans)
+
+
+def _time_chain(row: dict, per_key: str, chain, whole_args: tuple, half_args: tuple,
+                links: int, link_bytes: int, ref, context):
+  """Times the chain `chain` (the links of a kind, one link a step) as one
+  jitted program on `whole_args` and on `half_args` (the first links only)
+  by `device_span`, under `context` (an interpreter's, or a null one), and
+  fills `row`: row[per_key] the microseconds a link between the two,
+  `links` of them moving `link_bytes` weight bytes in all (gbs), the two
+  spans, busy/span, and the error of the whole chain's first output row
+  against `ref` (None: this form is the reference). A form that fails is a
+  row with error_text. Prints the row; returns the reference for the
+  forms after it."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  label = f"{row['kind']:5s} {row['form']} {row['name']:20s}"
+  try:
+    whole, half = jax.jit(chain), jax.jit(chain)
+    with context():
+      y = np.asarray(whole(*whole_args)[:1].astype(jnp.float32))
+      jax.block_until_ready(half(*half_args))
+      t_whole, busy = device_span(whole, whole_args, CALLS.value)
+      t_half, _ = device_span(half, half_args, CALLS.value)
+  except Exception as e:  # a form that does not build is a row, not the end
+    row["error_text"] = f"{type(e).__name__}: {str(e)[:400]}"
+    print(f"{label} FAILED {row['error_text']}", flush=True)
+    return ref
+  ref = y if ref is None else ref
+  row.update({per_key: (t_whole - t_half) / links * 1e6}, whole_us=t_whole * 1e6,
+             half_us=t_half * 1e6, gbs=link_bytes / (t_whole - t_half) / 1e9,
+             busy_over_span=busy, error=float(np.abs(y - ref).max() / np.abs(ref).max()))
+  print(f"{label} {row[per_key]:7.2f} us ({row['gbs']:5.0f} GB/s, "
+        f"{row['gbs'] / READ_FLOOR.value:.2f}) | {row['whole_us']:7.1f} {row['half_us']:7.1f} | "
+        f"{busy:.3f} | {row['error']:.1e}", flush=True)
+  return ref
+
+
+def _write(rows: list) -> None:
+  """The rows to --json, when given."""
+  import jax
+  if JSON_F.value:
+    with open(JSON_F.value, "w") as f:
+      json.dump({"rows": rows, "device": str(jax.devices()[0].device_kind)}, f, indent=1)
 
 
 def _mark_ffi_pdl() -> None:
@@ -245,7 +260,6 @@ def main(argv):
     return
   import jax
   import jax.numpy as jnp
-  import numpy as np
   from jax.experimental.pallas import mosaic_gpu as plgpu
   smoke = CPU_SMOKE.value
   fs = [f for f in forms(smoke) if not FORMS.value or f[0] in FORMS.value]
@@ -277,32 +291,12 @@ def main(argv):
         return v
       row = {"kind": kind, "form": letter, "name": name, "products": p,
              "ffi_uses_pdl": FFI_PDL.value}
-      try:
-        whole, half = jax.jit(chain), jax.jit(chain)
-        inp = xt if padded else x
-        with interp():
-          y = np.asarray(whole(inp, *ws)[:1].astype(jnp.float32))
-          jax.block_until_ready(half(inp, *ws[:h]))
-          t_whole, busy = device_span(whole, (inp, *ws), CALLS.value)
-          t_half, _ = device_span(half, (inp, *ws[:h]), CALLS.value)
-        if ref is None:
-          ref = y
-        per = (t_whole - t_half) / (p - h)
-        row.update(us_per_product=per * 1e6, whole_us=t_whole * 1e6, half_us=t_half * 1e6,
-                   gbs=extra_bytes / (t_whole - t_half) / 1e9, busy_over_span=busy,
-                   error=float(np.abs(y - ref).max() / np.abs(ref).max()))
-        print(f"{kind:5s} {letter} {name:20s} {row['us_per_product']:7.2f} us "
-              f"({row['gbs']:5.0f} GB/s, {row['gbs'] / READ_FLOOR.value:.2f}) | "
-              f"{row['whole_us']:7.1f} {row['half_us']:7.1f} | {busy:.3f} | "
-              f"{row['error']:.1e}", flush=True)
-      except Exception as e:  # a form that does not build is a row, not the end
-        row["error_text"] = f"{type(e).__name__}: {str(e)[:400]}"
-        print(f"{kind:5s} {letter} {name:20s} FAILED {row['error_text']}", flush=True)
+      inp = xt if padded else x
+      ref = _time_chain(row, "us_per_product", chain, (inp, *ws), (inp, *ws[:h]), p - h,
+                        extra_bytes, ref, interp)
       rows.append(row)
     del ws
-  if JSON_F.value:
-    with open(JSON_F.value, "w") as f:
-      json.dump({"rows": rows, "device": str(jax.devices()[0].device_kind)}, f, indent=1)
+  _write(rows)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ interpreter (a smoke run of the script).
 
 from __future__ import annotations
 
-import functools
 import sys
 
 from absl import app
@@ -50,14 +49,14 @@ def main(argv):
     """fn(*args, interpret=False) on the default device and fn(*args,
     interpret=True) on the CPU, as float64 arrays (Mosaic GPU's interpreter
     is a context, not an argument)."""
-    dev = fn(*[jnp.asarray(a) for a in args], interpret=not on_gpu) if not mosaic else (
-        fn(*[jnp.asarray(a) for a in args]))
+    on = lambda: [jnp.asarray(a) for a in args]  # on the default device
+    dev = fn(*on()) if mosaic else fn(*on(), interpret=not on_gpu)
     with jax.default_device(cpu):
       if mosaic:
         with plgpu.force_gpu_interpret_mode(plgpu.InterpretGPUParams()):
-          ref = fn(*[jnp.asarray(a) for a in args])
+          ref = fn(*on())
       else:
-        ref = fn(*[jnp.asarray(a) for a in args], interpret=True)
+        ref = fn(*on(), interpret=True)
     flat = lambda t: [np.asarray(v, np.float64) for v in jax.tree.leaves(t)]
     return flat(dev), flat(ref)
 

@@ -143,17 +143,7 @@ def main(argv):
           jax.block_until_ready(fn(*args))
           time.sleep(0.002)
 
-    events = sorted((e for e in traces.profile(run_all, calls=1)
-                     if e.process.startswith(traces.DEVICE_PREFIX) and e.dur > 0),
-                    key=lambda e: e.ts)
-    calls, cur = [], []
-    for e in events:
-      if cur and e.ts - max(c.ts + c.dur for c in cur) > 1000:
-        calls.append(cur)
-        cur = []
-      cur.append(e)
-    if cur:
-      calls.append(cur)
+    calls = traces.device_calls(traces.profile(run_all, calls=1))
     if len(calls) != len(fns) * CALLS.value:
       print(f"timing: {len(calls)} calls in the trace, {len(fns) * CALLS.value} made: "
             "not timed", flush=True)

@@ -112,6 +112,34 @@ def profile(fn: Callable[..., Any], *args: Any, calls: int = 3) -> list[Event]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+def device_calls(events: Iterable[Event], gap_us: float = 1000.0) -> list[list[Event]]:
+  """The device kernels of `events` (positive duration, on a ``/device:``
+  process) in start order, cut into calls wherever no kernel runs for more
+  than `gap_us` microseconds: one list per call. The caller pauses between
+  its calls for longer than `gap_us` (and no call idles that long), so that
+  each list is one call's kernels.
+
+  Example (three calls of f, 2 ms apart, in one trace)::
+
+    def run():
+      for _ in range(3):
+        jax.block_until_ready(f(x))
+        time.sleep(0.002)
+    calls = device_calls(profile(run, calls=1))   # three lists of kernels
+  """
+  kernels = sorted((e for e in events if e.process.startswith(DEVICE_PREFIX) and e.dur > 0),
+                   key=lambda e: e.ts)
+  calls: list[list[Event]] = []
+  end = None
+  for e in kernels:
+    if end is None or e.ts - end > gap_us:
+      calls.append([])
+      end = e.ts + e.dur
+    calls[-1].append(e)
+    end = max(end, e.ts + e.dur)
+  return calls
+
+
 def ours(e: Event) -> bool:
   """True for an event of one of our kernels."""
   return bool(KERNELS.search(e.name))
