@@ -119,7 +119,7 @@ def device_calls(events: Iterable[Event], gap_us: float = 1000.0) -> list[list[E
   its calls for longer than `gap_us` (and no call idles that long), so that
   each list is one call's kernels.
 
-  Example (three calls of f, 2 ms apart, in one trace)::
+  Example (three calls of f in one trace, a pause after each)::
 
     def run():
       for _ in range(3):
