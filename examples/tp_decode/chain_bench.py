@@ -54,6 +54,11 @@ JSON_F = flags.DEFINE_string("json", None, "Write the rows here.")
 MLP = flags.DEFINE_boolean("mlp", False, "Chains of MLP blocks (mlp.py) in place of products.")
 MLP_TILES = flags.DEFINE_list("mlp_tiles", ["16x256x8", "32x256x8", "32x128x8", "16x128x4"],
                               "mlp.py's rows x chunk x warps to try (--mlp).")
+PHASE_TILES = flags.DEFINE_list(
+    "phase_tiles", ["2x2048x2x1024x4xall", "2x2048x2x1024x8xall", "2x2048x2x1024x4x0",
+                    "4x2048x4x512x8xall", "2x2048x1x1024x4xall"],
+    "phases.py's r1 x chunk1 x r2 x chunk2 x warps x pre_chunks ('all' or a count) to try "
+    "(--mlp); a tile that does not divide a kind's shapes is a row with its error.")
 
 READ_FLOOR = flags.DEFINE_float(
     "read_floor_gbs", 4673.0, "The read bandwidth the printed fractions are of, GB/s "
@@ -82,6 +87,7 @@ def mlp_forms(smoke: bool) -> list:
   import matvec
   import mlp
   import model
+  import phases
   bf16, eps = jnp.bfloat16, 1e-5
 
   def xla(x, wgu, wd, wd_t):
@@ -103,11 +109,26 @@ def mlp_forms(smoke: bool) -> list:
                      interpret=interp)
     return block
 
+  def phased(r1, c1, r2, c2, warps, pre):
+    def block(x, wgu, wd, wd_t, sync, slot):
+      del wd_t
+      y, sync = phases.mlp_phases(x.astype(bf16), wgu, wd, sync, slot, norm_eps=eps, r1=r1,
+                                  chunk1=c1, r2=r2, chunk2=c2, warps=warps, pre_chunks=pre,
+                                  interpret=interp)
+      return y, sync
+    block.needs_sync = True
+    return block
+
   out = [("a", "xla reduce", xla), ("b", "pallas 2 kernels", pallas2)]
   tiles = ["16x64x4"] if smoke else MLP_TILES.value
   for i, t in enumerate(tiles):
     rows, chunk, warps = (int(v) for v in t.split("x"))
     out.append((chr(ord("c") + i), f"mlp {t}", fused(rows, chunk, warps)))
+  ptiles = ["16x64x16x32x4xall", "16x64x16x32x4x1"] if smoke else PHASE_TILES.value
+  for i, t in enumerate(ptiles):
+    *ints, pre = t.split("x")
+    out.append((f"p{i}", f"phases {t}", phased(*(int(v) for v in ints),
+                                               None if pre == "all" else int(pre))))
   return out
 
 
@@ -115,6 +136,7 @@ def main_mlp(chosen: list) -> None:
   """The --mlp chains of the kinds `chosen` (mlp_kinds' keys)."""
   import jax
   import jax.numpy as jnp
+  from phases import timeouts as phases_timeouts
   smoke = CPU_SMOKE.value
   fs = [f for f in mlp_forms(smoke) if not FORMS.value or f[0] in FORMS.value]
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}; MLP blocks: us per block "
@@ -137,9 +159,16 @@ def main_mlp(chosen: list) -> None:
     ref = None
     for letter, name, block in fs:
       def chain(v, *ws, block=block):
+        if not getattr(block, "needs_sync", False):
+          for i in range(0, len(ws), 3):
+            v = block(v, *ws[i:i + 3])
+          return v
+        # One sync slot a block, zeroed once a chain; a wait that timed out
+        # makes the chain's output NaN (the row's error shows it).
+        sync = jnp.zeros((8 * (len(ws) // 24 + 1),), jnp.int32)
         for i in range(0, len(ws), 3):
-          v = block(v, *ws[i:i + 3])
-        return v
+          v, sync = block(v, *ws[i:i + 3], sync, i // 3)
+        return jnp.where(phases_timeouts(sync) > 0, jnp.nan, v.astype(jnp.float32))
       row = {"kind": kind, "form": letter, "name": name, "blocks": nb, "mlp": True}
       ref = _time_chain(row, "us_per_block", chain, (x, *flat), (x, *flat[:3 * h]), nb - h,
                         block_bytes * (nb - h), ref, contextlib.nullcontext)

@@ -2,7 +2,8 @@
 each against the same kernel in its interpreter on the CPU backend (the
 interpreters' arithmetic is what tests/test_examples.py checks against
 float64): matvec.py (plain; residual add, RMSNorm factor and glu), mlp.py,
-attention.py and matvec_mgpu.py. Meant to run under compute-sanitizer on a
+phases.py (twice: few programs, and more programs than the GPU holds at
+once, its wait's premise), attention.py and matvec_mgpu.py. Meant to run under compute-sanitizer on a
 GPU, where every kernel is compiled for the device:
 
   compute-sanitizer --tool memcheck --error-exitcode 9 \\
@@ -17,12 +18,16 @@ from __future__ import annotations
 
 import sys
 
-from absl import app
+from absl import app, flags
+
+ONLY = flags.DEFINE_list("kernels", [], "Run only the checks whose names start with one of "
+                         "these (e.g. mlp_phases); empty: all.")
 
 # Bounds on the largest difference over the largest magnitude, GPU against
 # the interpreter: float32 sums in another order before one bfloat16 rounding
 # (two for the glu product; mlp's float32 output has no last rounding).
 BOUNDS = {"matvec": 2.0 ** -7, "matvec glu": 2.0 ** -6, "mlp": 2.0 ** -7,
+          "mlp_phases": 2.0 ** -6, "mlp_phases many": 2.0 ** -6,
           "attention": 2.0 ** -6, "matvec_mgpu chain": 2.0 ** -6}
 
 
@@ -36,6 +41,7 @@ def main(argv):
   import matvec
   import matvec_mgpu
   import mlp
+  import phases
 
   cpu = jax.devices("cpu")[0]
   on_gpu = jax.devices()[0].platform == "gpu"
@@ -60,6 +66,9 @@ def main(argv):
     flat = lambda t: [np.asarray(v, np.float64) for v in jax.tree.leaves(t)]
     return flat(dev), flat(ref)
 
+  def wanted(name):
+    return not ONLY.value or any(name.startswith(p) for p in ONLY.value)
+
   def report(name, dev, ref):
     err = max(float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30)) for a, b in zip(dev, ref))
     ok = err <= BOUNDS[name] and all(np.isfinite(a).all() for a in dev)
@@ -67,32 +76,55 @@ def main(argv):
     return ok
 
   results = []
+
+  def check(name, run):
+    """Runs `run` (-> device and interpreter outputs) and reports it, if wanted."""
+    if wanted(name):
+      results.append(report(name, *run()))
+
   m, n, k, eps = 1, 256, 512, 1e-5
   x, r = rand((m, k)), rand((m, k))
   w = rand((n, k), k ** -0.5)
-  results.append(report("matvec", *both(
+  check("matvec", lambda: both(
       lambda x, w, interpret: matvec.matvec(x, w, tile_=matvec.Tile(4, 256), interpret=interpret),
-      (x, w))))
+      (x, w)))
   wgu = rand((2 * n, k), k ** -0.5)
-  results.append(report("matvec glu", *both(
+  check("matvec glu", lambda: both(
       lambda x, r, w, interpret: matvec.matvec(x, w, residual=r, norm_eps=eps, glu=True,
                                                round_first=True, tile_=matvec.Tile(4, 256),
-                                               interpret=interpret), (x, r, wgu))))
+                                               interpret=interpret), (x, r, wgu)))
   wd_t = rand((n, k), n ** -0.5)
-  results.append(report("mlp", *both(
+  check("mlp", lambda: both(
       lambda x, r, wgu, wd_t, interpret: mlp.mlp(x, wgu, wd_t, residual=r, norm_eps=eps,
                                                  rows=16, chunk=128, interpret=interpret),
-      (x, r, wgu, wd_t))))
+      (x, r, wgu, wd_t)))
+
+  def phased(d, f, r1, r2):
+    """mlp_phases on (d, f) with r1 / r2 rows a program; its sync slots
+    must show no wait that timed out (a wrong output would show anyway)."""
+    def run(x, r, wgu, wd, interpret):
+      y, xs, sync = phases.mlp_phases(x, wgu, wd, jnp.zeros((4,), jnp.int32), 2, residual=r,
+                                      norm_eps=eps, r1=r1, chunk1=min(d, 256), r2=r2,
+                                      chunk2=min(f, 256), interpret=interpret)
+      if int(phases.timeouts(sync)) or int(sync[2]) != f // r1:
+        raise AssertionError(f"mlp_phases: sync {np.asarray(sync)}, expected [0 0 {f // r1} 0]")
+      return y, xs
+    return run, (rand((m, d)), rand((m, d)), rand((2 * f, d), d ** -0.5), rand((d, f), f ** -0.5))
+  check("mlp_phases", lambda: both(*phased(k, n, 16, 8)))
+  # 2048 + 1024 programs of 8 warps: more than H200's 132 multiprocessors
+  # hold at once (at most 8 each), so phase-2 programs wait while phase-1
+  # programs are still being handed out.
+  check("mlp_phases many", lambda: both(*phased(1024, 2048, 1, 1)))
   kl, g, hd, length, pos = 2, 4, 64, 96, 40
   heads = kl * g
   half = hd // 2
   freq = (500000.0 ** (-np.arange(half, dtype=np.float32) / half)).astype(np.float32)
   qkv = rand((1, (heads + 2 * kl) * hd))
   cache = rand((1, kl, length, 2 * hd))
-  results.append(report("attention", *both(
+  check("attention", lambda: both(
       lambda qkv, cache, interpret: attention.decode_attention(
           qkv, cache, jnp.int32(pos), jnp.asarray(freq), heads=heads, interpret=interpret),
-      (qkv, cache))))
+      (qkv, cache)))
   xt = np.zeros((8, k), np.float32)
   xt[0] = rng.standard_normal(k)
   xt = np.asarray(jnp.asarray(xt, bf))
@@ -101,8 +133,8 @@ def main(argv):
   chain = lambda xt, w2, w3: matvec_mgpu.matvec_mgpu_chain(
       matvec_mgpu.matvec_mgpu_chain(xt, w2, rows_per_block=64, stages=3), w3,
       rows_per_block=64, stages=2)
-  if on_gpu:
-    results.append(report("matvec_mgpu chain", *both(chain, (xt, w2, w3), mosaic=True)))
+  if on_gpu or not wanted("matvec_mgpu chain"):
+    check("matvec_mgpu chain", lambda: both(chain, (xt, w2, w3), mosaic=True))
   else:
     print("matvec_mgpu chain  skipped: Mosaic GPU compiles for GPUs only", flush=True)
   sys.exit(0 if all(results) else 1)

@@ -1,0 +1,228 @@
+"""The decode step's MLP (gate and up, SiLU, down) as one Pallas kernel of two
+product phases: an experiment of issue 27 (benchmarks/NOTES.md entries 78-81),
+not a step form unless measured faster.
+
+Every product kernel of the step pays a fixed cost over its bytes at the read
+floor: its first weight bytes arrive a memory latency after it starts, and its
+last programs run alone at its end (entries 76-78). Here the down product
+joins the gate/up product's kernel as a second phase of programs, so that the
+down product's first weight loads are in flight while the gate/up phase
+drains:
+
+- One grid of n1 + n2 programs, phase 1 first (a program's index is its
+  place in the launch order; the GPU hands out a one-dimensional grid's
+  programs in that order, which is what makes the wait below safe: every
+  phase-1 program holds or has held a multiprocessor before any phase-2
+  program waits, the assumption of decoupled look-back scans).
+- Phase-1 program j forms rows [j r1, (j + 1) r1) of m = silu(gate x') *
+  up x' for every input row as ``matvec.matvec(glu=True, round_first=True)``
+  does (residual add, RMSNorm's factor), stores them to m (an output of the
+  kernel), then, after a barrier of its threads, adds 1 to the call's
+  counter (an atomic at GPU scope with release semantics: the program's
+  stores of m are visible to whoever acquires the count).
+- Phase-2 program j loads its whole (r2, F) block of W_down (registers,
+  `pre_chunks` chunks of `chunk2` columns, all issued before it waits), then
+  polls the counter (volatile loads, then one acquiring atomic read) until
+  it reaches n1 x M, bounded by `spin_limit` polls, and forms its rows of
+  y = W_down m from the weights it holds.
+
+The counter lives in `sync`, an int32 array the caller zeroes (one slot a
+call: `slot`) and threads through the program; the kernel returns it. A wait
+that reaches its bound raises the slot to at least TIMEOUT_BIT (an atomic max) and goes on with
+whatever m holds, so the output is wrong and the slot says so: `timeouts`
+counts such slots, and a caller must check it (the step returns it).
+
+The arithmetic is matvec.py's (float32 sums of bfloat16 products, m rounded
+to bfloat16 between the phases), so y equals ``matvec.matvec(m, wd)`` with
+the same tile to float32 summation order. On GPUs Pallas's Triton backend
+compiles it; elsewhere Pallas's interpreter runs it (the programs one after
+another in grid order, so a wait never waits there).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+# A wait that reaches its bound marks its slot with this bit.
+TIMEOUT_BIT = 1 << 30
+# Polls before a wait gives up: each poll is a load from L2 (about a
+# microsecond or less), so the bound is 0.1-1 s, far above any phase's time.
+SPIN_LIMIT = 1 << 18
+
+
+def timeouts(sync: jax.Array) -> jax.Array:
+  """The number of slots of `sync` whose wait reached its bound (int32)."""
+  return jnp.sum((sync & TIMEOUT_BIT) != 0, dtype=jnp.int32)
+
+
+def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
+            chunk2: int, pre_chunks: int, slot: int, residual: bool, norm: bool,
+            eps: float, spin_limit: int, interpret: bool):
+  """refs: x (M, D), [residual (M, D)], wgu (2F, D), wd (D, F), sync (S,)
+  (aliased to the sync output), y (M, D), m (M, F), sync out, [x + residual
+  (M, D)]."""
+  it = iter(refs)
+  x_ref = next(it)
+  r_ref = next(it) if residual else None
+  wgu_ref, wd_ref = next(it), next(it)
+  next(it)  # the sync input: used through its aliased output
+  y_ref, m_ref, s_ref = next(it), next(it), next(it)
+  xs_ref = next(it) if residual else None
+  f32 = jnp.float32
+  n1 = f // r1
+  p = pl.program_id(0)
+  phase1 = p < n1 * m_rows
+  target = n1 * m_rows
+
+  @pl.when(phase1)
+  def _():
+    i, j = p // n1, p % n1
+    g = jnp.zeros((r1, chunk1), f32)
+    u = jnp.zeros((r1, chunk1), f32)
+    ss = jnp.zeros((chunk1,), f32)
+    rows_g = pl.ds(pl.multiple_of(j * r1, r1), r1)
+    rows_u = pl.ds(pl.multiple_of(f + j * r1, r1), r1)
+    for c in range(d // chunk1):
+      cols = pl.ds(c * chunk1, chunk1)
+      xc = x_ref[i, cols].astype(f32)
+      if residual:
+        xb = (xc + r_ref[i, cols].astype(f32)).astype(xs_ref.dtype)
+        xc = xb.astype(f32)
+
+        @pl.when(j == 0)
+        def _():
+          xs_ref[i, cols] = xb
+      g += wgu_ref[rows_g, cols].astype(f32) * xc[None, :]
+      u += wgu_ref[rows_u, cols].astype(f32) * xc[None, :]
+      if norm:
+        ss += xc * xc
+    gs = jnp.sum(g, 1).astype(jnp.bfloat16).astype(f32)
+    us = jnp.sum(u, 1).astype(jnp.bfloat16).astype(f32)
+    if norm:
+      r = jax.lax.rsqrt(jnp.sum(ss) / d + eps)
+      gs, us = gs * r, us * r
+    m_ref[i, rows_g] = (gs * jax.nn.sigmoid(gs) * us).astype(m_ref.dtype)
+    if not interpret:
+      plgpu.debug_barrier()  # every thread's stores of m before the release
+    plgpu.atomic_add(s_ref, jnp.int32(slot), jnp.int32(1))
+
+  @pl.when(jnp.logical_not(phase1))
+  def _():
+    q = p - target
+    i, j = q // (d // r2), q % (d // r2)
+    rows = pl.ds(pl.multiple_of(j * r2, r2), r2)
+    chunks = f // chunk2
+    # The weights this program reads before it may have to wait.
+    held = [wd_ref[rows, pl.ds(c * chunk2, chunk2)] for c in range(min(pre_chunks, chunks))]
+
+    def polling(carry):
+      n, seen = carry
+      return (seen < target) & (n < spin_limit)
+
+    def poll(carry):
+      n, _ = carry
+      seen = jnp.min(plgpu.load(s_ref.at[pl.ds(slot, 1)], volatile=True))
+      return n + 1, seen
+
+    _, seen = jax.lax.while_loop(polling, poll, (jnp.int32(0), jnp.int32(0)))
+    # One acquiring read: the phase-1 programs' stores of m are visible
+    # after it (their atomics released them).
+    # (The loop's result is used here, so that tracing keeps the loop.)
+    seen = jnp.minimum(seen, plgpu.atomic_add(s_ref, jnp.int32(slot), jnp.int32(0)))
+
+    @pl.when(seen < target)
+    def _():
+      plgpu.atomic_max(s_ref, jnp.int32(slot), jnp.int32(TIMEOUT_BIT))
+
+    acc = jnp.zeros((r2, chunk2), f32)
+    for c in range(chunks):
+      cols = pl.ds(c * chunk2, chunk2)
+      w = held[c] if c < len(held) else wd_ref[rows, cols]
+      mc = plgpu.load(m_ref.at[i, cols], volatile=True)  # from L2, not a stale L1 line
+      acc += w.astype(f32) * mc.astype(f32)[None, :]
+    y_ref[i, rows] = jnp.sum(acc, 1).astype(y_ref.dtype)
+
+
+def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slot: int, *,
+               residual: jax.Array | None = None, norm_eps: float | None = None,
+               r1: int = 2, chunk1: int = 2048, r2: int = 4, chunk2: int = 512,
+               pre_chunks: int | None = None, warps: int = 8,
+               spin_limit: int = SPIN_LIMIT, interpret: bool = False):
+  """down(silu(gate x') * up x') for each row of x, in one kernel of two phases.
+
+  Args:
+    x: (M, D) bfloat16 input rows.
+    wgu: (2F, D) bfloat16, [gate; up], contracting-minor (``model``'s layout).
+    wd: (D, F) bfloat16, W_down, contracting-minor.
+    sync: (S,) int32, zero at `slot` (the caller zeroes it once and gives
+      each call in the program a slot of its own).
+    slot: this call's slot of sync (a Python int).
+    residual: None or (M, D) bfloat16: x' = x + residual rounded to
+      bfloat16, returned as well (the residual add after an all-reduce).
+    norm_eps: None, or RMSNorm's epsilon: the gate and up products are
+      rounded to bfloat16 and scaled by x''s rsqrt(mean(x'^2) + eps).
+    r1, chunk1: a phase-1 program's rows of m (a power of two dividing F)
+      and columns a step (a power of two dividing D).
+    r2, chunk2: a phase-2 program's rows of y (a power of two dividing D) and
+      columns a step (a power of two dividing F).
+    pre_chunks: chunks of its W_down block a phase-2 program loads before it
+      waits (None: all of them).
+    warps: warps a program (both phases).
+    spin_limit: polls before a wait gives up and marks its slot.
+    interpret: run in Pallas's interpreter (no GPU).
+
+  Returns:
+    (y (M, D) bfloat16, sync), with residual (y, x + residual, sync). Check
+    ``timeouts(sync)`` is 0 before trusting y.
+
+  Raises:
+    ValueError: shapes or dtypes that do not match, tiles that do not divide
+      them, a slot outside sync.
+
+  Example (the MLP of one row after the attention's all-reduce)::
+
+    sync = jnp.zeros((8,), jnp.int32)
+    y, x, sync = mlp_phases(x, wgu, wd, sync, 0, residual=attn_out, norm_eps=1e-5)
+    assert int(timeouts(sync)) == 0
+  """
+  m_rows, d = x.shape
+  f2, d2 = wgu.shape
+  f = f2 // 2
+  pow2 = lambda v: v >= 1 and v & (v - 1) == 0
+  if (wgu.dtype != jnp.bfloat16 or wd.dtype != jnp.bfloat16 or x.dtype != jnp.bfloat16
+      or sync.dtype != jnp.int32 or sync.ndim != 1 or not 0 <= slot < sync.shape[0]):
+    raise ValueError(f"mlp_phases: x {x.dtype}, wgu {wgu.dtype}, wd {wd.dtype} must be "
+                     f"bfloat16, sync {sync.dtype} {sync.shape} int32 (S,) with slot {slot} in it")
+  if (d2 != d or f2 % 2 or wd.shape != (d, f)
+      or (residual is not None and residual.shape != x.shape)
+      or not all(map(pow2, (r1, chunk1, r2, chunk2)))
+      or f % r1 or d % chunk1 or d % r2 or f % chunk2):
+    raise ValueError(f"mlp_phases: x {x.shape}, wgu {wgu.shape}, wd {wd.shape}, residual "
+                     f"{None if residual is None else residual.shape} and tiles r1 {r1} "
+                     f"chunk1 {chunk1} r2 {r2} chunk2 {chunk2} do not match")
+  chunks = f // chunk2
+  pre = chunks if pre_chunks is None else max(0, min(pre_chunks, chunks))
+  n_programs = m_rows * (f // r1 + d // r2)
+  out_shape = [jax.ShapeDtypeStruct((m_rows, d), jnp.bfloat16),
+               jax.ShapeDtypeStruct((m_rows, f), jnp.bfloat16),
+               jax.ShapeDtypeStruct(sync.shape, jnp.int32)]
+  if residual is not None:
+    out_shape.append(jax.ShapeDtypeStruct((m_rows, d), x.dtype))
+  args = [x] + ([residual] if residual is not None else []) + [wgu, wd, sync]
+  kernel = functools.partial(
+      _kernel, m_rows=m_rows, d=d, f=f, r1=r1, chunk1=chunk1, r2=r2, chunk2=chunk2,
+      pre_chunks=pre, slot=slot, residual=residual is not None, norm=norm_eps is not None,
+      eps=float(norm_eps or 0.0), spin_limit=spin_limit, interpret=interpret)
+  out = pl.pallas_call(
+      kernel, grid=(n_programs,), out_shape=out_shape,
+      input_output_aliases={len(args) - 1: 2},
+      compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=1),
+      interpret=interpret, name="mlp_phases")(*args)
+  if residual is not None:
+    return out[0], out[3], out[2]
+  return out[0], out[2]
