@@ -290,7 +290,7 @@ def test_mlp_phases_equals_matvec_and_bounds_its_wait(tp_model):
   for m, residual, norm in ((1, True, True), (2, False, False), (2, True, False)):
     x, r = (jnp.asarray(rng.standard_normal((m, d)), bf) for _ in range(2))
     kw = dict(residual=r if residual else None, norm_eps=eps if norm else None)
-    sync = jnp.zeros((4,), jnp.int32)
+    sync = phases.sync_buffer(3)
     out = phases.mlp_phases(x, wgu, wd, sync, 1, pre_chunks=2, interpret=True, **tiles, **kw)
     y, xs, sync = out if residual else (out[0], None, out[1])
     got = matvec.matvec(x, wgu, glu=True, round_first=True, tile_=matvec.Tile(16, 64),
@@ -301,18 +301,22 @@ def test_mlp_phases_equals_matvec_and_bounds_its_wait(tp_model):
     assert np.array_equal(np.asarray(y, np.float32), np.asarray(want, np.float32)), (m, residual)
     if residual:
       assert np.array_equal(np.asarray(xs, np.float32), np.asarray(xs_want, np.float32))
-    assert np.asarray(sync).tolist() == [0, m * f // 16, 0, 0]
+    want_sync = np.zeros((3, phases.SLOT_WORDS), np.float32)
+    want_sync[1, 0] = m * f // 16  # the counter: every phase-1 program
+    want_sync[1, 1::phases.LINE] = 1  # the flags the last one set
+    assert np.array_equal(np.asarray(sync).reshape(3, -1), want_sync)
     assert int(phases.timeouts(sync)) == 0
   x = jnp.asarray(rng.standard_normal((1, d)), bf)
-  stuck = jnp.asarray([0, 0, -10 ** 6, 0], jnp.int32)
+  stuck = phases.sync_buffer(3).at[2 * phases.SLOT_WORDS].set(-10 ** 6)
   _, sync = phases.mlp_phases(x, wgu, wd, stuck, 2, spin_limit=3, interpret=True, **tiles)
-  assert int(phases.timeouts(sync)) == 1 and int(sync[2]) >= phases.TIMEOUT_BIT
+  assert int(phases.timeouts(sync)) == 1
+  assert int(sync[2 * phases.SLOT_WORDS]) >= phases.TIMEOUT_BIT
   with pytest.raises(ValueError, match="do not match"):
     phases.mlp_phases(x, wgu, wd[:, :64], sync, 0, interpret=True)
   with pytest.raises(ValueError, match="do not match"):
     phases.mlp_phases(x, wgu, wd, sync, 0, r2=3, interpret=True)
   with pytest.raises(ValueError, match="slot"):
-    phases.mlp_phases(x, wgu, wd, sync, 4, interpret=True)
+    phases.mlp_phases(x, wgu, wd, sync, 3, interpret=True)
   with pytest.raises(ValueError, match="bfloat16"):
     phases.mlp_phases(x.astype(jnp.float32), wgu, wd, sync, 0, interpret=True)
 

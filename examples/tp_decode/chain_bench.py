@@ -55,10 +55,11 @@ MLP = flags.DEFINE_boolean("mlp", False, "Chains of MLP blocks (mlp.py) in place
 MLP_TILES = flags.DEFINE_list("mlp_tiles", ["16x256x8", "32x256x8", "32x128x8", "16x128x4"],
                               "mlp.py's rows x chunk x warps to try (--mlp).")
 PHASE_TILES = flags.DEFINE_list(
-    "phase_tiles", ["2x2048x2x1024x4xall", "2x2048x2x1024x8xall", "2x2048x2x1024x4x0",
-                    "4x2048x4x512x8xall", "2x2048x1x1024x4xall"],
-    "phases.py's r1 x chunk1 x r2 x chunk2 x warps x pre_chunks ('all' or a count) to try "
-    "(--mlp); a tile that does not divide a kind's shapes is a row with its error.")
+    "phase_tiles", ["2x2048x2x1024x4xallx0", "2x2048x2x1024x4x0x0", "2x2048x2x1024x4xallx200",
+                    "4x2048x2x2048x4xallx0", "2x2048x4x512x4xallx0"],
+    "phases.py's r1 x chunk1 x r2 x chunk2 x warps x pre_chunks ('all' or a count) x "
+    "sleep_ns to try (--mlp); a tile that does not divide a kind's shapes is a row with "
+    "its error.")
 
 READ_FLOOR = flags.DEFINE_float(
     "read_floor_gbs", 4673.0, "The read bandwidth the printed fractions are of, GB/s "
@@ -109,12 +110,12 @@ def mlp_forms(smoke: bool) -> list:
                      interpret=interp)
     return block
 
-  def phased(r1, c1, r2, c2, warps, pre):
+  def phased(r1, c1, r2, c2, warps, pre, sleep_ns):
     def block(x, wgu, wd, wd_t, sync, slot):
       del wd_t
       y, sync = phases.mlp_phases(x.astype(bf16), wgu, wd, sync, slot, norm_eps=eps, r1=r1,
                                   chunk1=c1, r2=r2, chunk2=c2, warps=warps, pre_chunks=pre,
-                                  interpret=interp)
+                                  sleep_ns=sleep_ns, interpret=interp)
       return y, sync
     block.needs_sync = True
     return block
@@ -124,11 +125,12 @@ def mlp_forms(smoke: bool) -> list:
   for i, t in enumerate(tiles):
     rows, chunk, warps = (int(v) for v in t.split("x"))
     out.append((chr(ord("c") + i), f"mlp {t}", fused(rows, chunk, warps)))
-  ptiles = ["16x64x16x32x4xall", "16x64x16x32x4x1"] if smoke else PHASE_TILES.value
+  ptiles = ["16x64x16x32x4xallx0", "16x64x16x32x4x1x0"] if smoke else PHASE_TILES.value
   for i, t in enumerate(ptiles):
-    *ints, pre = t.split("x")
+    *ints, pre, sleep_ns = t.split("x")
     out.append((f"p{i}", f"phases {t}", phased(*(int(v) for v in ints),
-                                               None if pre == "all" else int(pre))))
+                                               None if pre == "all" else int(pre),
+                                               int(sleep_ns))))
   return out
 
 
@@ -136,7 +138,7 @@ def main_mlp(chosen: list) -> None:
   """The --mlp chains of the kinds `chosen` (mlp_kinds' keys)."""
   import jax
   import jax.numpy as jnp
-  from phases import timeouts as phases_timeouts
+  from phases import sync_buffer as phases_sync, timeouts as phases_timeouts
   smoke = CPU_SMOKE.value
   fs = [f for f in mlp_forms(smoke) if not FORMS.value or f[0] in FORMS.value]
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}; MLP blocks: us per block "
@@ -165,7 +167,7 @@ def main_mlp(chosen: list) -> None:
           return v
         # One sync slot a block, zeroed once a chain; a wait that timed out
         # makes the chain's output NaN (the row's error shows it).
-        sync = jnp.zeros((8 * (len(ws) // 24 + 1),), jnp.int32)
+        sync = phases_sync(len(ws) // 3)
         for i in range(0, len(ws), 3):
           v, sync = block(v, *ws[i:i + 3], sync, i // 3)
         return jnp.where(phases_timeouts(sync) > 0, jnp.nan, v.astype(jnp.float32))

@@ -103,11 +103,13 @@ def main(argv):
     """mlp_phases on (d, f) with r1 / r2 rows a program; its sync slots
     must show no wait that timed out (a wrong output would show anyway)."""
     def run(x, r, wgu, wd, interpret):
-      y, xs, sync = phases.mlp_phases(x, wgu, wd, jnp.zeros((4,), jnp.int32), 2, residual=r,
+      y, xs, sync = phases.mlp_phases(x, wgu, wd, phases.sync_buffer(3), 2, residual=r,
                                       norm_eps=eps, r1=r1, chunk1=min(d, 256), r2=r2,
                                       chunk2=min(f, 256), interpret=interpret)
-      if int(phases.timeouts(sync)) or int(sync[2]) != f // r1:
-        raise AssertionError(f"mlp_phases: sync {np.asarray(sync)}, expected [0 0 {f // r1} 0]")
+      slots = np.asarray(sync).reshape(3, -1)
+      if (int(phases.timeouts(sync)) or slots[2, 0] != f // r1
+          or (slots[2, 1::phases.LINE] != 1).any() or slots[:2].any()):
+        raise AssertionError(f"mlp_phases: slot 2 {slots[2, :40]}, counter {f // r1} expected")
       return y, xs
     return run, (rand((m, d)), rand((m, d)), rand((2 * f, d), d ** -0.5), rand((d, f), f ** -0.5))
   check("mlp_phases", lambda: both(*phased(k, n, 16, 8)))

@@ -18,19 +18,22 @@ drains:
   up x' for every input row as ``matvec.matvec(glu=True, round_first=True)``
   does (residual add, RMSNorm's factor), stores them to m (an output of the
   kernel), then, after a barrier of its threads, adds 1 to the call's
-  counter (an atomic at GPU scope with release semantics: the program's
-  stores of m are visible to whoever acquires the count).
-- Phase-2 program j loads its whole (r2, F) block of W_down (registers,
+  counter (an atomic at GPU scope, acquire-release); the program that
+  brings it to n1 x M (the last) sets FLAGS flags, each in a line of its
+  own, with release atomics: every phase-1 program's stores of m are then
+  visible to whoever acquires a flag.
+- Phase-2 program q loads its whole (r2, F) block of W_down (registers,
   `pre_chunks` chunks of `chunk2` columns, all issued before it waits), then
-  polls the counter (volatile loads, then one acquiring atomic read) until
-  it reaches n1 x M, bounded by `spin_limit` polls, and forms its rows of
-  y = W_down m from the weights it holds.
+  polls flag q % FLAGS (volatile loads, then one acquiring atomic read),
+  bounded by `spin_limit` polls, and forms its rows of y = W_down m from the
+  weights it holds.
 
-The counter lives in `sync`, an int32 array the caller zeroes (one slot a
-call: `slot`) and threads through the program; the kernel returns it. A wait
-that reaches its bound raises the slot to at least TIMEOUT_BIT (an atomic max) and goes on with
-whatever m holds, so the output is wrong and the slot says so: `timeouts`
-counts such slots, and a caller must check it (the step returns it).
+The counter and flags live in `sync` (``sync_buffer``), a float32 array the
+caller zeroes (one slot a call: `slot`) and threads through the program; the
+kernel returns it. A wait that reaches its bound raises its slot's counter to
+at least TIMEOUT_BIT (an atomic max) and goes on with whatever m holds, so
+the output is wrong and the slot says so: `timeouts` counts such slots, and a
+caller must check it.
 
 The arithmetic is matvec.py's (float32 sums of bfloat16 products, m rounded
 to bfloat16 between the phases), so y equals ``matvec.matvec(m, wd)`` with
@@ -48,21 +51,38 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-# A wait that reaches its bound marks its slot with this bit.
+# A wait that reaches its bound marks its slot's counter with this bit.
 TIMEOUT_BIT = 1 << 30
 # Polls before a wait gives up: each poll is a load from L2 (about a
 # microsecond or less), so the bound is 0.1-1 s, far above any phase's time.
 SPIN_LIMIT = 1 << 18
+# A slot of sync: FLAGS lines of 32 words (128 bytes). Word 0 is the
+# counter; word 1 of line k is flag k, which the last phase-1 program sets;
+# phase-2 program q polls flag q % FLAGS, so that the polls of a few hundred
+# waiting programs spread over FLAGS lines (L2 slices) instead of one.
+FLAGS = 32
+LINE = 32
+SLOT_WORDS = FLAGS * LINE
+
+
+def sync_buffer(slots: int) -> jax.Array:
+  """A zeroed sync array of `slots` slots (float32, slots x SLOT_WORDS).
+
+  float32, not int32: JAX 0.11.2's Triton lowering makes an atomic on a
+  vector of int32 a float atomic (it tests the value's type for an integer,
+  and a vector's type is a tensor's), and the last phase-1 program sets its
+  flags with one vector atomic. Counts are exact in float32 up to 2^24."""
+  return jnp.zeros((slots * SLOT_WORDS,), jnp.float32)
 
 
 def timeouts(sync: jax.Array) -> jax.Array:
   """The number of slots of `sync` whose wait reached its bound (int32)."""
-  return jnp.sum((sync & TIMEOUT_BIT) != 0, dtype=jnp.int32)
+  return jnp.sum(sync[::SLOT_WORDS] >= TIMEOUT_BIT, dtype=jnp.int32)
 
 
 def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
             chunk2: int, pre_chunks: int, slot: int, residual: bool, norm: bool,
-            eps: float, spin_limit: int, interpret: bool):
+            eps: float, spin_limit: int, sleep_ns: int, interpret: bool):
   """refs: x (M, D), [residual (M, D)], wgu (2F, D), wd (D, F), sync (S,)
   (aliased to the sync output), y (M, D), m (M, F), sync out, [x + residual
   (M, D)]."""
@@ -75,6 +95,8 @@ def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
   xs_ref = next(it) if residual else None
   f32 = jnp.float32
   n1 = f // r1
+  base = slot * SLOT_WORDS
+  flags = base + LINE * jnp.arange(FLAGS, dtype=jnp.int32) + 1
   p = pl.program_id(0)
   phase1 = p < n1 * m_rows
   target = n1 * m_rows
@@ -109,7 +131,13 @@ def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
     m_ref[i, rows_g] = (gs * jax.nn.sigmoid(gs) * us).astype(m_ref.dtype)
     if not interpret:
       plgpu.debug_barrier()  # every thread's stores of m before the release
-    plgpu.atomic_add(s_ref, jnp.int32(slot), jnp.int32(1))
+    before = plgpu.atomic_add(s_ref, jnp.int32(base), jnp.float32(1))
+
+    @pl.when(before == target - 1)
+    def _():
+      # The last phase-1 program: it acquired every other one's release, so
+      # its own releases (one a flag) publish all of m.
+      plgpu.atomic_add(s_ref, flags, jnp.ones((FLAGS,), jnp.float32))
 
   @pl.when(jnp.logical_not(phase1))
   def _():
@@ -120,30 +148,43 @@ def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
     # The weights this program reads before it may have to wait.
     held = [wd_ref[rows, pl.ds(c * chunk2, chunk2)] for c in range(min(pre_chunks, chunks))]
 
+    flag = base + LINE * (q % FLAGS) + 1
+
     def polling(carry):
       n, seen = carry
-      return (seen < target) & (n < spin_limit)
+      return (seen == 0) & (n < spin_limit)
 
     def poll(carry):
       n, _ = carry
-      seen = jnp.min(plgpu.load(s_ref.at[pl.ds(slot, 1)], volatile=True))
+      seen = jnp.min(plgpu.load(s_ref.at[pl.ds(flag, 1)], volatile=True))
+      if sleep_ns and not interpret:
+        # Back off between polls (PTX nanosleep; the count is its operand,
+        # so that the compiler cannot hoist the pure asm out of the loop).
+        # (A vector of one: Triton's inline asm takes tensors.)
+        [slept] = plgpu.elementwise_inline_asm(
+            f"nanosleep.u32 {sleep_ns};\n\tadd.s32 $0, $1, 1;",
+            args=[jnp.full((1,), n, jnp.int32)], constraints="=r,r", pack=1,
+            result_shape_dtypes=[jax.ShapeDtypeStruct((1,), jnp.int32)])
+        return jnp.min(slept), seen
       return n + 1, seen
 
-    _, seen = jax.lax.while_loop(polling, poll, (jnp.int32(0), jnp.int32(0)))
-    # One acquiring read: the phase-1 programs' stores of m are visible
-    # after it (their atomics released them).
-    # (The loop's result is used here, so that tracing keeps the loop.)
-    seen = jnp.minimum(seen, plgpu.atomic_add(s_ref, jnp.int32(slot), jnp.int32(0)))
+    _, seen = jax.lax.while_loop(polling, poll, (jnp.int32(0), jnp.float32(0)))
+    # One acquiring read of the flag: m as the last phase-1 program
+    # published it is visible after it (the loop's result is used here too,
+    # so that tracing keeps the loop).
+    seen = jnp.minimum(seen, plgpu.atomic_add(s_ref, flag, jnp.float32(0)))
 
-    @pl.when(seen < target)
+    @pl.when(seen == 0)
     def _():
-      plgpu.atomic_max(s_ref, jnp.int32(slot), jnp.int32(TIMEOUT_BIT))
+      plgpu.atomic_max(s_ref, jnp.int32(base), jnp.float32(TIMEOUT_BIT))
 
     acc = jnp.zeros((r2, chunk2), f32)
     for c in range(chunks):
       cols = pl.ds(c * chunk2, chunk2)
       w = held[c] if c < len(held) else wd_ref[rows, cols]
-      mc = plgpu.load(m_ref.at[i, cols], volatile=True)  # from L2, not a stale L1 line
+      # Plain loads: every line of m this multiprocessor caches is read
+      # after the acquire above (the kernel's programs read m only there).
+      mc = m_ref[i, cols]
       acc += w.astype(f32) * mc.astype(f32)[None, :]
     y_ref[i, rows] = jnp.sum(acc, 1).astype(y_ref.dtype)
 
@@ -152,16 +193,17 @@ def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slo
                residual: jax.Array | None = None, norm_eps: float | None = None,
                r1: int = 2, chunk1: int = 2048, r2: int = 4, chunk2: int = 512,
                pre_chunks: int | None = None, warps: int = 8,
-               spin_limit: int = SPIN_LIMIT, interpret: bool = False):
+               spin_limit: int = SPIN_LIMIT, sleep_ns: int = 0, interpret: bool = False):
   """down(silu(gate x') * up x') for each row of x, in one kernel of two phases.
 
   Args:
     x: (M, D) bfloat16 input rows.
     wgu: (2F, D) bfloat16, [gate; up], contracting-minor (``model``'s layout).
     wd: (D, F) bfloat16, W_down, contracting-minor.
-    sync: (S,) int32, zero at `slot` (the caller zeroes it once and gives
-      each call in the program a slot of its own).
-    slot: this call's slot of sync (a Python int).
+    sync: (S x SLOT_WORDS,) float32 (``sync_buffer(S)``), zero in `slot` (the
+      caller zeroes it once and gives each call in the program a slot of
+      its own).
+    slot: this call's slot of sync (a Python int below S).
     residual: None or (M, D) bfloat16: x' = x + residual rounded to
       bfloat16, returned as well (the residual add after an all-reduce).
     norm_eps: None, or RMSNorm's epsilon: the gate and up products are
@@ -174,6 +216,7 @@ def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slo
       waits (None: all of them).
     warps: warps a program (both phases).
     spin_limit: polls before a wait gives up and marks its slot.
+    sleep_ns: nanoseconds a waiting program sleeps between polls (0: none).
     interpret: run in Pallas's interpreter (no GPU).
 
   Returns:
@@ -186,7 +229,7 @@ def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slo
 
   Example (the MLP of one row after the attention's all-reduce)::
 
-    sync = jnp.zeros((8,), jnp.int32)
+    sync = sync_buffer(4)
     y, x, sync = mlp_phases(x, wgu, wd, sync, 0, residual=attn_out, norm_eps=1e-5)
     assert int(timeouts(sync)) == 0
   """
@@ -195,9 +238,11 @@ def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slo
   f = f2 // 2
   pow2 = lambda v: v >= 1 and v & (v - 1) == 0
   if (wgu.dtype != jnp.bfloat16 or wd.dtype != jnp.bfloat16 or x.dtype != jnp.bfloat16
-      or sync.dtype != jnp.int32 or sync.ndim != 1 or not 0 <= slot < sync.shape[0]):
+      or sync.dtype != jnp.float32 or sync.ndim != 1
+      or not 0 <= slot < sync.shape[0] // SLOT_WORDS):
     raise ValueError(f"mlp_phases: x {x.dtype}, wgu {wgu.dtype}, wd {wd.dtype} must be "
-                     f"bfloat16, sync {sync.dtype} {sync.shape} int32 (S,) with slot {slot} in it")
+                     f"bfloat16, sync {sync.dtype} {sync.shape} float32 (S x SLOT_WORDS,) with slot "
+                     f"{slot} in it")
   if (d2 != d or f2 % 2 or wd.shape != (d, f)
       or (residual is not None and residual.shape != x.shape)
       or not all(map(pow2, (r1, chunk1, r2, chunk2)))
@@ -210,14 +255,15 @@ def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slo
   n_programs = m_rows * (f // r1 + d // r2)
   out_shape = [jax.ShapeDtypeStruct((m_rows, d), jnp.bfloat16),
                jax.ShapeDtypeStruct((m_rows, f), jnp.bfloat16),
-               jax.ShapeDtypeStruct(sync.shape, jnp.int32)]
+               jax.ShapeDtypeStruct(sync.shape, jnp.float32)]
   if residual is not None:
     out_shape.append(jax.ShapeDtypeStruct((m_rows, d), x.dtype))
   args = [x] + ([residual] if residual is not None else []) + [wgu, wd, sync]
   kernel = functools.partial(
       _kernel, m_rows=m_rows, d=d, f=f, r1=r1, chunk1=chunk1, r2=r2, chunk2=chunk2,
       pre_chunks=pre, slot=slot, residual=residual is not None, norm=norm_eps is not None,
-      eps=float(norm_eps or 0.0), spin_limit=spin_limit, interpret=interpret)
+      eps=float(norm_eps or 0.0), spin_limit=spin_limit, sleep_ns=int(sleep_ns),
+      interpret=interpret)
   out = pl.pallas_call(
       kernel, grid=(n_programs,), out_shape=out_shape,
       input_output_aliases={len(args) - 1: 2},
