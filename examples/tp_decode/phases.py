@@ -82,7 +82,8 @@ def timeouts(sync: jax.Array) -> jax.Array:
 
 def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
             chunk2: int, pre_chunks: int, slot: int, residual: bool, norm: bool,
-            eps: float, spin_limit: int, sleep_ns: int, interpret: bool):
+            eps: float, spin_limit: int, sleep_ns: int, unsynchronized: bool,
+            interpret: bool):
   """refs: x (M, D), [residual (M, D)], wgu (2F, D), wd (D, F), sync (S,)
   (aliased to the sync output), y (M, D), m (M, F), sync out, [x + residual
   (M, D)]."""
@@ -129,6 +130,8 @@ def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
       r = jax.lax.rsqrt(jnp.sum(ss) / d + eps)
       gs, us = gs * r, us * r
     m_ref[i, rows_g] = (gs * jax.nn.sigmoid(gs) * us).astype(m_ref.dtype)
+    if unsynchronized:
+      return
     if not interpret:
       plgpu.debug_barrier()  # every thread's stores of m before the release
     before = plgpu.atomic_add(s_ref, jnp.int32(base), jnp.float32(1))
@@ -149,51 +152,59 @@ def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
     held = [wd_ref[rows, pl.ds(c * chunk2, chunk2)] for c in range(min(pre_chunks, chunks))]
 
     flag = base + LINE * (q % FLAGS) + 1
-
-    def polling(carry):
-      n, seen = carry
-      return (seen == 0) & (n < spin_limit)
-
-    def poll(carry):
-      n, _ = carry
-      seen = jnp.min(plgpu.load(s_ref.at[pl.ds(flag, 1)], volatile=True))
-      if sleep_ns and not interpret:
-        # Back off between polls (PTX nanosleep; the count is its operand,
-        # so that the compiler cannot hoist the pure asm out of the loop).
-        # (A vector of one: Triton's inline asm takes tensors.)
-        [slept] = plgpu.elementwise_inline_asm(
-            f"nanosleep.u32 {sleep_ns};\n\tadd.s32 $0, $1, 1;",
-            args=[jnp.full((1,), n, jnp.int32)], constraints="=r,r", pack=1,
-            result_shape_dtypes=[jax.ShapeDtypeStruct((1,), jnp.int32)])
-        return jnp.min(slept), seen
-      return n + 1, seen
-
-    _, seen = jax.lax.while_loop(polling, poll, (jnp.int32(0), jnp.float32(0)))
-    # One acquiring read of the flag: m as the last phase-1 program
-    # published it is visible after it (the loop's result is used here too,
-    # so that tracing keeps the loop).
-    seen = jnp.minimum(seen, plgpu.atomic_add(s_ref, flag, jnp.float32(0)))
-
-    @pl.when(seen == 0)
-    def _():
-      plgpu.atomic_max(s_ref, jnp.int32(base), jnp.float32(TIMEOUT_BIT))
-
+    if not unsynchronized:
+      _wait(s_ref, base, flag, spin_limit, sleep_ns, interpret)
     acc = jnp.zeros((r2, chunk2), f32)
     for c in range(chunks):
       cols = pl.ds(c * chunk2, chunk2)
       w = held[c] if c < len(held) else wd_ref[rows, cols]
       # Plain loads: every line of m this multiprocessor caches is read
-      # after the acquire above (the kernel's programs read m only there).
+      # after the acquire in _wait (the kernel's programs read m only there).
       mc = m_ref[i, cols]
       acc += w.astype(f32) * mc.astype(f32)[None, :]
     y_ref[i, rows] = jnp.sum(acc, 1).astype(y_ref.dtype)
+
+
+def _wait(s_ref, base, flag, spin_limit: int, sleep_ns: int, interpret: bool):
+  """Polls sync word `flag` until it is set, at most spin_limit times, then
+  acquires it; a wait that reached its bound raises the counter at `base` to
+  TIMEOUT_BIT."""
+
+  def polling(carry):
+    n, seen = carry
+    return (seen == 0) & (n < spin_limit)
+
+  def poll(carry):
+    n, _ = carry
+    seen = jnp.min(plgpu.load(s_ref.at[pl.ds(flag, 1)], volatile=True))
+    if sleep_ns and not interpret:
+      # Back off between polls (PTX nanosleep; the count is its operand,
+      # so that the compiler cannot hoist the pure asm out of the loop).
+      # (A vector of one: Triton's inline asm takes tensors.)
+      [slept] = plgpu.elementwise_inline_asm(
+          f"nanosleep.u32 {sleep_ns};\n\tadd.s32 $0, $1, 1;",
+          args=[jnp.full((1,), n, jnp.int32)], constraints="=r,r", pack=1,
+          result_shape_dtypes=[jax.ShapeDtypeStruct((1,), jnp.int32)])
+      return jnp.min(slept), seen
+    return n + 1, seen
+
+  _, seen = jax.lax.while_loop(polling, poll, (jnp.int32(0), jnp.float32(0)))
+  # One acquiring read of the flag: m as the last phase-1 program
+  # published it is visible after it (the loop's result is used here too,
+  # so that tracing keeps the loop).
+  seen = jnp.minimum(seen, plgpu.atomic_add(s_ref, flag, jnp.float32(0)))
+
+  @pl.when(seen == 0)
+  def _():
+    plgpu.atomic_max(s_ref, jnp.int32(base), jnp.float32(TIMEOUT_BIT))
 
 
 def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slot: int, *,
                residual: jax.Array | None = None, norm_eps: float | None = None,
                r1: int = 2, chunk1: int = 2048, r2: int = 4, chunk2: int = 512,
                pre_chunks: int | None = None, warps: int = 8,
-               spin_limit: int = SPIN_LIMIT, sleep_ns: int = 0, interpret: bool = False):
+               spin_limit: int = SPIN_LIMIT, sleep_ns: int = 0, unsynchronized: bool = False,
+               interpret: bool = False):
   """down(silu(gate x') * up x') for each row of x, in one kernel of two phases.
 
   Args:
@@ -217,6 +228,9 @@ def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slo
     warps: warps a program (both phases).
     spin_limit: polls before a wait gives up and marks its slot.
     sleep_ns: nanoseconds a waiting program sleeps between polls (0: none).
+    unsynchronized: for timing only: no signal and no wait, so phase-2
+      programs may read m before it is written and y is wrong (what the
+      merged kernel costs without its synchronisation; chain_bench.py).
     interpret: run in Pallas's interpreter (no GPU).
 
   Returns:
@@ -263,7 +277,7 @@ def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slo
       _kernel, m_rows=m_rows, d=d, f=f, r1=r1, chunk1=chunk1, r2=r2, chunk2=chunk2,
       pre_chunks=pre, slot=slot, residual=residual is not None, norm=norm_eps is not None,
       eps=float(norm_eps or 0.0), spin_limit=spin_limit, sleep_ns=int(sleep_ns),
-      interpret=interpret)
+      unsynchronized=unsynchronized, interpret=interpret)
   out = pl.pallas_call(
       kernel, grid=(n_programs,), out_shape=out_shape,
       input_output_aliases={len(args) - 1: 2},
