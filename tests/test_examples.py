@@ -272,8 +272,8 @@ def test_mlp_phases_equals_matvec_and_bounds_its_wait(tp_model):
   """phases.mlp_phases (Pallas's interpreter) against matvec's two kernels
   with the same tiles: the same arithmetic, so y and x + residual are
   bitwise equal, for one and two input rows, with and without the residual
-  and norm; the call's sync slot ends at the count of phase-1 programs and
-  no other slot moves. A wait that never sees its count (the slot started
+  and norm, with the last program's flags or the relays'; the call's sync
+  slot ends at the count of phase-1 programs and no other slot moves. A wait that never sees its count (the slot started
   below zero) ends after spin_limit polls with the slot marked, which
   `timeouts` counts; bad shapes, dtypes and slots are refused."""
   del tp_model
@@ -287,11 +287,13 @@ def test_mlp_phases_equals_matvec_and_bounds_its_wait(tp_model):
   wgu = jnp.asarray(rng.standard_normal((2 * f, d)) * d ** -0.5, bf)
   wd = jnp.asarray(rng.standard_normal((d, f)) * f ** -0.5, bf)
   tiles = dict(r1=16, chunk1=64, r2=8, chunk2=32)
-  for m, residual, norm in ((1, True, True), (2, False, False), (2, True, False)):
+  for m, residual, norm, relay in ((1, True, True, False), (2, False, False, False),
+                                   (2, True, False, True), (1, False, True, True)):
     x, r = (jnp.asarray(rng.standard_normal((m, d)), bf) for _ in range(2))
     kw = dict(residual=r if residual else None, norm_eps=eps if norm else None)
     sync = phases.sync_buffer(3)
-    out = phases.mlp_phases(x, wgu, wd, sync, 1, pre_chunks=2, interpret=True, **tiles, **kw)
+    out = phases.mlp_phases(x, wgu, wd, sync, 1, pre_chunks=2, relay=relay, interpret=True,
+                            **tiles, **kw)
     y, xs, sync = out if residual else (out[0], None, out[1])
     got = matvec.matvec(x, wgu, glu=True, round_first=True, tile_=matvec.Tile(16, 64),
                         interpret=True, **kw)
@@ -303,14 +305,16 @@ def test_mlp_phases_equals_matvec_and_bounds_its_wait(tp_model):
       assert np.array_equal(np.asarray(xs, np.float32), np.asarray(xs_want, np.float32))
     want_sync = np.zeros((3, phases.SLOT_WORDS), np.float32)
     want_sync[1, 0] = m * f // 16  # the counter: every phase-1 program
-    want_sync[1, 1::phases.LINE] = 1  # the flags the last one set
+    want_sync[1, 1::phases.LINE] = 1  # the flags the last one (or the relays) set
     assert np.array_equal(np.asarray(sync).reshape(3, -1), want_sync)
     assert int(phases.timeouts(sync)) == 0
   x = jnp.asarray(rng.standard_normal((1, d)), bf)
   stuck = phases.sync_buffer(3).at[2 * phases.SLOT_WORDS].set(-10 ** 6)
-  _, sync = phases.mlp_phases(x, wgu, wd, stuck, 2, spin_limit=3, interpret=True, **tiles)
-  assert int(phases.timeouts(sync)) == 1
-  assert int(sync[2 * phases.SLOT_WORDS]) >= phases.TIMEOUT_BIT
+  for relay in (False, True):
+    _, sync = phases.mlp_phases(x, wgu, wd, stuck, 2, spin_limit=3, relay=relay,
+                                interpret=True, **tiles)
+    assert int(phases.timeouts(sync)) == 1
+    assert int(sync[2 * phases.SLOT_WORDS]) >= phases.TIMEOUT_BIT
   with pytest.raises(ValueError, match="do not match"):
     phases.mlp_phases(x, wgu, wd[:, :64], sync, 0, interpret=True)
   with pytest.raises(ValueError, match="do not match"):

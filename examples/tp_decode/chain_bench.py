@@ -60,7 +60,7 @@ PHASE_TILES = flags.DEFINE_list(
     "phase_tiles", ["2x2048x2x1024x4x0x0", "2x2048x2x1024x4x0x0xnosync", "2x2048x4x512x4x0x0",
                     "2x2048x4x512x4x0x0xnosync", "4x1024x4x512x4x0x0", "8x512x4x512x4x0x0"],
     "phases.py's r1 x chunk1 x r2 x chunk2 x warps x pre_chunks ('all' or a count) x "
-    "sleep_ns [x nosync: unsynchronized, a timing bound with a wrong output] to try "
+    "sleep_ns [x relay | x nosync: unsynchronized, a timing bound with a wrong output] to try "
     "(--mlp); a tile that does not divide a kind's shapes is a row with its error.")
 
 READ_FLOOR = flags.DEFINE_float(
@@ -112,12 +112,13 @@ def mlp_forms(smoke: bool) -> list:
                      interpret=interp)
     return block
 
-  def phased(r1, c1, r2, c2, warps, pre, sleep_ns, nosync):
+  def phased(r1, c1, r2, c2, warps, pre, sleep_ns, mode):
     def block(x, wgu, wd, wd_t, sync, slot):
       del wd_t
       y, sync = phases.mlp_phases(x.astype(bf16), wgu, wd, sync, slot, norm_eps=eps, r1=r1,
                                   chunk1=c1, r2=r2, chunk2=c2, warps=warps, pre_chunks=pre,
-                                  sleep_ns=sleep_ns, unsynchronized=nosync,
+                                  sleep_ns=sleep_ns, unsynchronized=mode == "nosync",
+                                  relay=mode == "relay",
                                   interpret=interp)
       return y, sync
     block.needs_sync = True
@@ -128,14 +129,15 @@ def mlp_forms(smoke: bool) -> list:
   for i, t in enumerate(tiles):
     rows, chunk, warps = (int(v) for v in t.split("x"))
     out.append((chr(ord("c") + i), f"mlp {t}", fused(rows, chunk, warps)))
-  ptiles = ["16x64x16x32x4xallx0", "16x64x16x32x4x1x0"] if smoke else PHASE_TILES.value
+  ptiles = (["16x64x16x32x4xallx0", "16x64x16x32x4x1x0xrelay"] if smoke
+            else PHASE_TILES.value)
   for i, t in enumerate(ptiles):
     fields = t.split("x")
-    nosync = fields[-1] == "nosync"
-    *ints, pre, sleep_ns = fields[:-1] if nosync else fields
+    mode = fields.pop() if fields[-1] in ("nosync", "relay") else ""
+    *ints, pre, sleep_ns = fields
     out.append((f"p{i}", f"phases {t}", phased(*(int(v) for v in ints),
                                                None if pre == "all" else int(pre),
-                                               int(sleep_ns), nosync)))
+                                               int(sleep_ns), mode)))
   return out
 
 

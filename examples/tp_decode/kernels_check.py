@@ -2,8 +2,9 @@
 each against the same kernel in its interpreter on the CPU backend (the
 interpreters' arithmetic is what tests/test_examples.py checks against
 float64): matvec.py (plain; residual add, RMSNorm factor and glu), mlp.py,
-phases.py (twice: few programs, and more programs than the GPU holds at
-once, its wait's premise), attention.py and matvec_mgpu.py. Meant to run under compute-sanitizer on a
+phases.py (with its last program's flags and with relays, each with few
+programs and with more programs than the GPU holds at once, its wait's
+premise), attention.py and matvec_mgpu.py. Meant to run under compute-sanitizer on a
 GPU, where every kernel is compiled for the device:
 
   compute-sanitizer --tool memcheck --error-exitcode 9 \\
@@ -28,6 +29,7 @@ ONLY = flags.DEFINE_list("kernels", [], "Run only the checks whose names start w
 # (two for the glu product; mlp's float32 output has no last rounding).
 BOUNDS = {"matvec": 2.0 ** -7, "matvec glu": 2.0 ** -6, "mlp": 2.0 ** -7,
           "mlp_phases": 2.0 ** -6, "mlp_phases many": 2.0 ** -6,
+          "mlp_phases relay": 2.0 ** -6, "mlp_phases relay many": 2.0 ** -6,
           "attention": 2.0 ** -6, "matvec_mgpu chain": 2.0 ** -6}
 
 
@@ -99,13 +101,13 @@ def main(argv):
                                                  rows=16, chunk=128, interpret=interpret),
       (x, r, wgu, wd_t)))
 
-  def phased(d, f, r1, r2):
+  def phased(d, f, r1, r2, relay=False):
     """mlp_phases on (d, f) with r1 / r2 rows a program; its sync slots
     must show no wait that timed out (a wrong output would show anyway)."""
     def run(x, r, wgu, wd, interpret):
       y, xs, sync = phases.mlp_phases(x, wgu, wd, phases.sync_buffer(3), 2, residual=r,
                                       norm_eps=eps, r1=r1, chunk1=min(d, 256), r2=r2,
-                                      chunk2=min(f, 256), interpret=interpret)
+                                      chunk2=min(f, 256), relay=relay, interpret=interpret)
       slots = np.asarray(sync).reshape(3, -1)
       if (int(phases.timeouts(sync)) or slots[2, 0] != f // r1
           or (slots[2, 1::phases.LINE] != 1).any() or slots[:2].any()):
@@ -117,6 +119,8 @@ def main(argv):
   # hold at once (at most 8 each), so phase-2 programs wait while phase-1
   # programs are still being handed out.
   check("mlp_phases many", lambda: both(*phased(1024, 2048, 1, 1)))
+  check("mlp_phases relay", lambda: both(*phased(k, n, 16, 8, relay=True)))
+  check("mlp_phases relay many", lambda: both(*phased(1024, 2048, 1, 1, relay=True)))
   kl, g, hd, length, pos = 2, 4, 64, 96, 40
   heads = kl * g
   half = hd // 2

@@ -83,7 +83,7 @@ def timeouts(sync: jax.Array) -> jax.Array:
 def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
             chunk2: int, pre_chunks: int, slot: int, residual: bool, norm: bool,
             eps: float, spin_limit: int, sleep_ns: int, unsynchronized: bool,
-            interpret: bool):
+            relay: bool, interpret: bool):
   """refs: x (M, D), [residual (M, D)], wgu (2F, D), wd (D, F), sync (S,)
   (aliased to the sync output), y (M, D), m (M, F), sync out, [x + residual
   (M, D)]."""
@@ -134,6 +134,11 @@ def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
       return
     if not interpret:
       plgpu.debug_barrier()  # every thread's stores of m before the release
+    if relay:
+      # The count's result unused: the program does not wait for the
+      # atomic's round trip (the relays below read the count instead).
+      plgpu.atomic_add(s_ref, jnp.int32(base), jnp.float32(1))
+      return
     before = plgpu.atomic_add(s_ref, jnp.int32(base), jnp.float32(1))
 
     @pl.when(before == target - 1)
@@ -152,8 +157,15 @@ def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
     held = [wd_ref[rows, pl.ds(c * chunk2, chunk2)] for c in range(min(pre_chunks, chunks))]
 
     flag = base + LINE * (q % FLAGS) + 1
+    if not unsynchronized and relay:
+      # Relays: the first FLAGS phase-2 programs wait for the count, then
+      # each sets its flag (its acquire of the count, then its release).
+      @pl.when(q < FLAGS)
+      def _():
+        _wait(s_ref, base, jnp.int32(base), target, spin_limit, sleep_ns, interpret)
+        plgpu.atomic_add(s_ref, flag, jnp.float32(1))
     if not unsynchronized:
-      _wait(s_ref, base, flag, spin_limit, sleep_ns, interpret)
+      _wait(s_ref, base, flag, 1, spin_limit, sleep_ns, interpret)
     acc = jnp.zeros((r2, chunk2), f32)
     for c in range(chunks):
       cols = pl.ds(c * chunk2, chunk2)
@@ -165,14 +177,14 @@ def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
     y_ref[i, rows] = jnp.sum(acc, 1).astype(y_ref.dtype)
 
 
-def _wait(s_ref, base, flag, spin_limit: int, sleep_ns: int, interpret: bool):
-  """Polls sync word `flag` until it is set, at most spin_limit times, then
-  acquires it; a wait that reached its bound raises the counter at `base` to
-  TIMEOUT_BIT."""
+def _wait(s_ref, base, flag, need: int, spin_limit: int, sleep_ns: int, interpret: bool):
+  """Polls sync word `flag` until it reaches `need`, at most spin_limit
+  times, then acquires it; a wait that reached its bound raises the counter
+  at `base` to TIMEOUT_BIT."""
 
   def polling(carry):
     n, seen = carry
-    return (seen == 0) & (n < spin_limit)
+    return (seen < need) & (n < spin_limit)
 
   def poll(carry):
     n, _ = carry
@@ -194,7 +206,7 @@ def _wait(s_ref, base, flag, spin_limit: int, sleep_ns: int, interpret: bool):
   # so that tracing keeps the loop).
   seen = jnp.minimum(seen, plgpu.atomic_add(s_ref, flag, jnp.float32(0)))
 
-  @pl.when(seen == 0)
+  @pl.when(seen < need)
   def _():
     plgpu.atomic_max(s_ref, jnp.int32(base), jnp.float32(TIMEOUT_BIT))
 
@@ -204,7 +216,7 @@ def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slo
                r1: int = 2, chunk1: int = 2048, r2: int = 4, chunk2: int = 512,
                pre_chunks: int | None = None, warps: int = 8,
                spin_limit: int = SPIN_LIMIT, sleep_ns: int = 0, unsynchronized: bool = False,
-               interpret: bool = False):
+               relay: bool = False, interpret: bool = False):
   """down(silu(gate x') * up x') for each row of x, in one kernel of two phases.
 
   Args:
@@ -228,6 +240,10 @@ def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slo
     warps: warps a program (both phases).
     spin_limit: polls before a wait gives up and marks its slot.
     sleep_ns: nanoseconds a waiting program sleeps between polls (0: none).
+    relay: the gate/up programs' atomics do not return (no program waits
+      for its round trip); the first FLAGS down programs wait for the count
+      and each sets its flag (False: the last gate/up program, which learns
+      it is last from its atomic's result, sets all FLAGS flags).
     unsynchronized: for timing only: no signal and no wait, so phase-2
       programs may read m before it is written and y is wrong (what the
       merged kernel costs without its synchronisation; chain_bench.py).
@@ -277,7 +293,7 @@ def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slo
       _kernel, m_rows=m_rows, d=d, f=f, r1=r1, chunk1=chunk1, r2=r2, chunk2=chunk2,
       pre_chunks=pre, slot=slot, residual=residual is not None, norm=norm_eps is not None,
       eps=float(norm_eps or 0.0), spin_limit=spin_limit, sleep_ns=int(sleep_ns),
-      unsynchronized=unsynchronized, interpret=interpret)
+      unsynchronized=unsynchronized, relay=relay, interpret=interpret)
   out = pl.pallas_call(
       kernel, grid=(n_programs,), out_shape=out_shape,
       input_output_aliases={len(args) - 1: 2},

@@ -5,7 +5,7 @@ to issue 27's experiments (benchmarks/NOTES.md entries 82-83).
       --phases=2x2048x2x1024x4x0x0,2x2048x2x512x4x0x0 [--matvec]
 
 Lowers phases.mlp_phases (tiles as chain_bench.py's --phase_tiles: r1 x chunk1
-x r2 x chunk2 x warps x held chunks x sleep_ns [x nosync]) and, with
+x r2 x chunk2 x warps x held chunks x sleep_ns [x relay | x nosync]) and, with
 --matvec, matvec.py's glu and down kernels (their TILES) for each D x F to
 Triton IR as JAX does for an H200 (Pallas's GPU query answered with an H200,
 so that no GPU is needed), compiles the IR with the `triton` package's
@@ -87,12 +87,12 @@ def main(argv):
     wgu, wd = jnp.zeros((2 * f, d), bf), jnp.zeros((d, f), bf)
     for spec in PHASES.value:
       fields = spec.split("x")
-      nosync = fields[-1] == "nosync"
+      mode = fields[7] if len(fields) > 7 else ""
       r1, c1, r2, c2, warps, pre, sleep_ns = fields[:7]
       fn = lambda x, wgu, wd, s: phases.mlp_phases(
           x, wgu, wd, s, 0, norm_eps=1e-5, r1=int(r1), chunk1=int(c1), r2=int(r2),
           chunk2=int(c2), warps=int(warps), pre_chunks=None if pre == "all" else int(pre),
-          sleep_ns=int(sleep_ns), unsynchronized=nosync)
+          sleep_ns=int(sleep_ns), unsynchronized=mode == "nosync", relay=mode == "relay")
       [ttir] = _lower(fn, (x, wgu, wd, phases.sync_buffer(1)))
       print(f"D {d} F {f} phases {spec}: {_regs(ttir, int(warps))}", flush=True)
     if MATVEC.value:
