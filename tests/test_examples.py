@@ -400,6 +400,7 @@ def test_step_forms_compute_the_same_logits(tp_model):
   for every product, with the fused step's norm for Q, K, V and gate and
   up only, and with the Pallas attention for o and down only: the last
   all-reduce's output then reaches XLA's LM head as a pending residual)
+  and the step whose MLP is one kernel of two phases (Step(mlp="phases"))
   compute the same logits, and
   so does one TP=2 shard's model on one device with either form: fed the
   same tokens (the fused form's greedy tokens from decode_scan), every
@@ -408,7 +409,8 @@ def test_step_forms_compute_the_same_logits(tp_model):
   (0.6-1.2% measured, NOTES entry 62) and a greedy choice between two
   logits closer than that can go either way (seed 2 does under jax 0.11.2);
   a cache read one position off differs by 13% or more. The fused form's
-  own step program gives its scan's tokens."""
+  own step program gives its scan's tokens. Step(mlp="phases") without the
+  Pallas products is refused."""
   model, _ = tp_model
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -416,6 +418,9 @@ def test_step_forms_compute_the_same_logits(tp_model):
   from jax import lax  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
   plen, n, bound = 6, 6, 3e-2
+  with pytest.raises(ValueError, match="phases"):
+    model.build(model.PRESETS["small"], Mesh(np.array(jax.devices()[:1]), ("tp",)), 1, 8,
+                model.Step(mlp="phases"))
   for devices, cfg in ((jax.devices()[:2], model.PRESETS["small"]),
                        (jax.devices()[:1], model.PRESETS["small"].shard(2))):
     mesh = Mesh(np.array(devices), ("tp",))
@@ -427,7 +432,8 @@ def test_step_forms_compute_the_same_logits(tp_model):
                        ("matvec_fused", model.Step(mv="pallas", norm="fused",
                                                    pallas_products=("qkv", "gu"))),
                        ("all_pallas", model.Step(mv="pallas", attn="pallas",
-                                                 pallas_products=("o", "down")))):
+                                                 pallas_products=("o", "down"))),
+                       ("phases", model.Step(mv="pallas", mlp="phases"))):
       m = model.build(cfg, mesh, 1, plen + n, step)
       params = m.init_params(0)
       tok0, cache = m.prefill()(params, prompt, m.init_cache())
@@ -447,7 +453,7 @@ def test_step_forms_compute_the_same_logits(tp_model):
         assert logits[name].shape == (cfg.vocab,)
       a = logits["step"]
       assert a.argmax() == toks[i], (i, a.argmax(), toks[i])
-      for other in ("dots", "pallas", "matvec", "matvec_fused", "all_pallas"):
+      for other in ("dots", "pallas", "matvec", "matvec_fused", "all_pallas", "phases"):
         rel = np.abs(a - logits[other]).max() / np.abs(a).max()
         assert rel < bound, (i, other, rel)
       tok = jnp.asarray(toks[i:i + 1])

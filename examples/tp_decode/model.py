@@ -78,6 +78,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import attention  # this folder's: the Pallas decode attention of Step(attn="pallas")
 import matvec  # this folder's: the Pallas matrix-vector products of Step(mv="pallas")
+import phases  # this folder's: the MLP as one kernel of two phases, Step(mlp="phases")
 
 PsumFn = Callable[[jax.Array, str], jax.Array]
 # add_norm(partial, residual, weight, axis_name, eps) -> (normed, new_residual):
@@ -284,6 +285,11 @@ class Step:
       so False skips it (ties after rounding aside).
     mv_rows: largest M (batch x positions) that takes the `mv` forms; the
       prefill and larger batches use XLA's dots.
+    mlp: with mv "pallas" and norm "inrow", "kernels" (the gate/up and the
+      down product as the other products, a kernel each) or "phases" (both
+      in one kernel of two phases, phases.py, `phases.tile`'s tiles; each
+      layer's call has a slot of a sync array the step zeroes once; a wait
+      that reached its bound makes the step's token -1).
   """
   mv: str = "reduce"
   norm: str = "inrow"
@@ -294,6 +300,7 @@ class Step:
   head_scale: bool = True
   mv_rows: int = 1
   pallas_products: tuple[str, ...] = PALLAS_PRODUCTS
+  mlp: str = "kernels"
 
   @classmethod
   def parse(cls, spec: str) -> "Step":
@@ -346,6 +353,10 @@ class Model:
       raise ValueError('Step(attn="pallas") needs kv="fused" (one cache per layer)')
     if step.mv == "pallas" and step.norm == "apart":
       raise ValueError('Step(mv="pallas") needs norm "inrow" or "fused"')
+    if step.mlp not in ("kernels", "phases"):
+      raise ValueError(f'Step.mlp: "kernels" or "phases", not {step.mlp!r}')
+    if step.mlp == "phases" and (step.mv != "pallas" or step.norm != "inrow"):
+      raise ValueError('Step(mlp="phases") needs mv "pallas" and norm "inrow"')
     unknown = set(step.pallas_products) - set(PALLAS_PRODUCTS)
     if unknown:
       raise ValueError(f"Step.pallas_products: unknown {sorted(unknown)}; known: "
@@ -476,7 +487,7 @@ class Model:
     return matvec.matvec(x, w, interpret=self._pallas_interpret, **kw)
 
   def _layer(self, lp, x, h, cache, pos, psum_fn: PsumFn, add_norm: AddNormFn | None,
-             pend=None):
+             pend=None, sync=None, slot: int = 0):
     """One decoder layer on x (B, T, D) at positions pos .. pos + T - 1; the
     new keys and values are written into the layer's cache (B, KV/tp, S,
     hd), a tuple (k, v) or (kv,). With norm "fused", h is x's RMSNorm
@@ -484,9 +495,11 @@ class Model:
     With mv "pallas" (and norm "inrow"), pend is the all-reduced output not
     yet added to x (None: nothing pending): the layer's first product adds
     it, and the layer returns its own last all-reduce's output as pend.
+    With mlp "phases", sync is the step's sync array (None: not this
+    step) and slot this layer's slot of it.
 
     Returns:
-      (x, h, cache, pend) after the layer.
+      (x, h, cache, pend, sync) after the layer.
     """
     c, st = self.cfg, self.step
     b, t, d = x.shape
@@ -573,7 +586,15 @@ class Model:
     if fused:
       h, x = add_norm(ao.reshape(b, t, d), x, self._gain(d), "tp", eps=c.norm_eps)
       hf = h.reshape(b * t, d)
-    if pk("gu"):
+    if sync is not None:
+      # Gate/up (with the residual add and RMSNorm's factor), SiLU and down
+      # in one kernel of two phases.
+      dn, xf, sync = phases.mlp_phases(
+          xf, lp["wgu"], lp["wdown"], sync, slot,
+          residual=psum_fn(ao.reshape(b, t, d), "tp").reshape(b * t, d),
+          norm_eps=c.norm_eps, interpret=self._pallas_interpret, **phases.tile(d, f))
+      x = xf.reshape(b, t, d)
+    elif pk("gu"):
       # The SiLU in the product's kernel; without the fused step, the
       # residual add of the all-reduce and RMSNorm's factor too.
       if fused:
@@ -604,7 +625,9 @@ class Model:
             gu = _mm(xf, lp["wgu"]).astype(jnp.float32) * self._rms_scale(xf)
           gt, up = gu[:, :f], gu[:, f:]
       m = glu(gt, up)
-    if pk("down"):
+    if sync is not None:
+      pass  # dn is the phase kernel's
+    elif pk("down"):
       dn = self._mvp(m, lp["wdown"])
     elif vec:
       dn = reduce_product(m, lp["wdown"])
@@ -617,7 +640,7 @@ class Model:
       pend = psum_fn(dn.reshape(b, t, d), "tp")
     else:
       x = x + psum_fn(dn.reshape(b, t, d), "tp")
-    return x, h, cache, pend
+    return x, h, cache, pend, sync
 
   @staticmethod
   def _gain(d: int) -> jax.Array:
@@ -642,6 +665,9 @@ class Model:
     slots = psum_fn(slots, "tp")
     best = jnp.argmax(slots[..., 0], -1)
     tok = jnp.take_along_axis(slots[..., 1], best[:, None], -1)[:, 0].astype(jnp.int32)
+    if self.step.mlp == "phases":
+      # NaN logits (a phase kernel's wait that timed out) on any device: -1.
+      tok = jnp.where(jnp.isnan(jnp.max(slots[..., 0], -1)), -1, tok)
     return tok, new_cache
 
   def _logits(self, params, tokens, cache, pos, psum_fn: PsumFn,
@@ -654,9 +680,12 @@ class Model:
     x = params["embed"][tokens]  # (B, T, D)
     h = rms_norm(x, self._gain(x.shape[-1]), self.cfg.norm_eps) if st.norm == "fused" else None
     new_cache, pend = [], None
+    sync = (phases.sync_buffer(len(params["layers"]))
+            if st.mlp == "phases" and self._vec(x.shape[0] * x.shape[1]) else None)
     for i, (lp, cl) in enumerate(zip(params["layers"], cache)):  # unrolled
       with jax.named_scope(f"layer{i}"):  # names the layer in profiles and HLO
-        x, h, cl, pend = self._layer(lp, x, h, cl, pos, psum_fn, add_norm, pend)
+        x, h, cl, pend, sync = self._layer(lp, x, h, cl, pos, psum_fn, add_norm, pend,
+                                           sync, i)
       new_cache.append(cl)
     xl = x[:, -1]
     pallas_head = (st.mv == "pallas" and "head" in st.pallas_products and st.head == "mv"
@@ -687,6 +716,9 @@ class Model:
       logits = _mm(xl, params["lm_head"], jnp.float32)  # (B, V/tp)
       if st.head_scale:
         logits = logits * self._rms_scale(xl)
+    if sync is not None:
+      # A phase kernel's wait that reached its bound: the outputs are wrong.
+      logits = jnp.where(phases.timeouts(sync) > 0, jnp.nan, logits)
     return logits, new_cache
 
   def _sharded(self, fn, in_specs, out_specs):

@@ -75,6 +75,21 @@ def sync_buffer(slots: int) -> jax.Array:
   return jnp.zeros((slots * SLOT_WORDS,), jnp.float32)
 
 
+def tile(d: int, f: int) -> dict:
+  """mlp_phases' tile keywords for an MLP of width F on D: the tile measured
+  best on one H200 (benchmarks/NOTES.md entries 83-84: 2 gate/up rows of
+  2048 columns a program, 2 down rows of 512 columns, 4 warps, nothing held
+  before the wait, relays), with chunks lowered to powers of two that
+  divide D and F."""
+  def fit(n, top):
+    c = top
+    while n % c:
+      c //= 2
+    return c
+  return dict(r1=fit(f, 2), chunk1=fit(d, 2048), r2=fit(d, 2), chunk2=fit(f, 512), warps=4,
+              pre_chunks=0, relay=True)
+
+
 def timeouts(sync: jax.Array) -> jax.Array:
   """The number of slots of `sync` whose wait reached its bound (int32)."""
   return jnp.sum(sync[::SLOT_WORDS] >= TIMEOUT_BIT, dtype=jnp.int32)
