@@ -566,7 +566,8 @@ def test_fused_step_form(tp_model):
 
 def test_shard_of_on_cpu(tmp_path):
   """--shard_of 2 runs one TP=2 shard with the identity only, labels its
-  rows, and refuses an all-reduce implementation."""
+  rows, and refuses an all-reduce implementation; --mlp=phases runs with
+  --mv=pallas (its rows say so) and is refused without it."""
   env = dict(os.environ)
   env.pop("JAX_PLATFORMS", None)
   env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
@@ -599,6 +600,16 @@ def test_shard_of_on_cpu(tmp_path):
   p = subprocess.run(cmd[:-1] + ["--impls=none,lax.psum"], cwd=ROOT, env=env,
                      capture_output=True, text=True, timeout=300)
   assert p.returncode != 0 and "--shard_of" in p.stdout + p.stderr
+  # The MLP as one kernel of two phases (Pallas's interpreter here).
+  p = subprocess.run(cmd + ["--mv=pallas", "--mlp=phases", "--impls=none,ffi.copy"], cwd=ROOT,
+                     env=env, capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+  rows = json.loads(out.read_text())["rows"]
+  assert all("mlp phases" in r["workload"] and r["mlp"] == "phases" for r in rows), rows
+  assert all(r["tokens_agree"] is True for r in rows if r["impl"] == "ffi.copy"), rows
+  p = subprocess.run(cmd + ["--mlp=phases"], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=300)
+  assert p.returncode != 0 and "--mlp=phases needs --mv=pallas" in p.stdout + p.stderr
 
 
 def test_one_gpu_runs_one_shard_unless_told_otherwise():

@@ -176,6 +176,10 @@ MV = flags.DEFINE_enum("mv", "reduce", ["reduce", "dot", "pallas"],
 MV_PRODUCTS = flags.DEFINE_list("mv_products", list(model_lib.PALLAS_PRODUCTS),
                                 "With --mv=pallas, the products that take the Pallas "
                                 "kernel (model.Step's pallas_products).")
+MLP = flags.DEFINE_enum("mlp", "kernels", ["kernels", "phases"],
+                        "With --mv=pallas, the MLP (model.Step's mlp): kernels (the "
+                        "gate/up and down products a kernel each) or phases (one kernel "
+                        "of two phases, phases.py). The fused step form keeps kernels.")
 SHARD_OF = flags.DEFINE_integer(
     "shard_of", 0, "Measure one device's share of a TP=N step: each preset at the "
     "per-device widths of TP=N (heads, KV heads, MLP width and vocabulary divided "
@@ -227,11 +231,14 @@ class Settings:
   attn: str = "reduce"
   mv: str = "reduce"
   mv_products: tuple = model_lib.PALLAS_PRODUCTS
+  mlp: str = "kernels"
 
 
 def _step(s: Settings, **kw) -> "model_lib.Step":
-  """The step form of --attn, --mv and --mv_products (kw: other fields)."""
-  return model_lib.Step(attn=s.attn, mv=s.mv, pallas_products=s.mv_products, **kw)
+  """The step form of --attn, --mv, --mv_products and --mlp (kw: other
+  fields; the fused form, norm "fused", keeps the MLP's kernels)."""
+  mlp = "kernels" if kw.get("norm") == "fused" else s.mlp
+  return model_lib.Step(attn=s.attn, mv=s.mv, pallas_products=s.mv_products, mlp=mlp, **kw)
 
 
 def flag_impl(flag: str) -> str:
@@ -390,7 +397,8 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
     workload = (f"{name} batch {b}" + (f", one TP={s.shard_of} shard" if s.shard_of else "")
                 + (f", attn {s.attn}" if s.attn != "reduce" else "")
                 + (f", mv {s.mv}" if s.mv != "reduce" else "")
-                + (f" ({'+'.join(s.mv_products)})" if s.mv == "pallas" else ""))
+                + (f" ({'+'.join(s.mv_products)})" if s.mv == "pallas" else "")
+                + (f", mlp {s.mlp}" if s.mlp != "kernels" else ""))
     common = {"world_size": m.tp, "dtype": "bfloat16", "metric": "itl_us",
               "workload": workload, "preset": name, "batch": b, "tokens": s.tokens,
               "chunk": s.chunk, "prompt": s.prompt, "loop": s.loop, "repeats": s.repeats}
@@ -400,6 +408,7 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
     common["mv"] = s.mv
     if s.mv == "pallas":
       common["mv_products"] = list(s.mv_products)
+      common["mlp"] = s.mlp
     timed = [i for i in impls if i in fns]
     decs = {}
     for impl in timed:
@@ -502,7 +511,7 @@ def child_command(s: Settings, presets, out_json: str) -> list[str]:
           "--batches=" + ",".join(map(str, s.flag_batches)), f"--tokens={s.tokens}",
           f"--chunk={s.chunk}", f"--prompt={s.prompt}", f"--repeats={s.repeats}",
           f"--loop={s.loop}", f"--tp={s.tp}", f"--seed={s.seed}", f"--attn={s.attn}",
-          f"--mv={s.mv}", "--mv_products=" + ",".join(s.mv_products),
+          f"--mv={s.mv}", "--mv_products=" + ",".join(s.mv_products), f"--mlp={s.mlp}",
           f"--json={out_json}", "--noplot", f"--autotune_cache={AUTOTUNE_CACHE.value}"]
 
 
@@ -838,6 +847,8 @@ def settings_from_flags(gpu: bool, n_gpus: int = 0) -> Settings:
         raise app.UsageError(f"--shard_of {shard_of} for {p}: {e}") from e
   if MV.value != "pallas" and tuple(MV_PRODUCTS.value) != model_lib.PALLAS_PRODUCTS:
     raise app.UsageError("--mv_products chooses among the Pallas products: it needs --mv=pallas")
+  if MLP.value == "phases" and MV.value != "pallas":
+    raise app.UsageError("--mlp=phases needs --mv=pallas")
   if TOKENS.value % CHUNK.value:
     raise app.UsageError(f"--tokens ({TOKENS.value}) must be a multiple of --chunk "
                          f"({CHUNK.value})")
@@ -848,7 +859,7 @@ def settings_from_flags(gpu: bool, n_gpus: int = 0) -> Settings:
       chunk=CHUNK.value, prompt=PROMPT.value, repeats=REPEATS.value, loop=LOOP.value,
       tp=TP.value, seed=SEED.value, flag_timeout=FLAG_TIMEOUT.value,
       shard_of=shard_of, attn=ATTN.value, mv=MV.value,
-      mv_products=tuple(MV_PRODUCTS.value))
+      mv_products=tuple(MV_PRODUCTS.value), mlp=MLP.value)
 
 
 def main() -> int:
