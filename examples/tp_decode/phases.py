@@ -1,13 +1,12 @@
 """The decode step's MLP (gate and up, SiLU, down) as one Pallas kernel of two
-product phases: an experiment of issue 27 (benchmarks/NOTES.md entries 78-81),
-not a step form unless measured faster.
+product phases: an experiment of issue 27 (benchmarks/NOTES.md entries 78,
+81-84), and the step form ``model.Step(mlp="phases")``.
 
 Every product kernel of the step pays a fixed cost over its bytes at the read
 floor: its first weight bytes arrive a memory latency after it starts, and its
 last programs run alone at its end (entries 76-78). Here the down product
 joins the gate/up product's kernel as a second phase of programs, so that the
-down product's first weight loads are in flight while the gate/up phase
-drains:
+down product's programs start while the gate/up phase drains:
 
 - One grid of n1 + n2 programs, phase 1 first (a program's index is its
   place in the launch order; the GPU hands out a one-dimensional grid's
@@ -18,15 +17,18 @@ drains:
   up x' for every input row as ``matvec.matvec(glu=True, round_first=True)``
   does (residual add, RMSNorm's factor), stores them to m (an output of the
   kernel), then, after a barrier of its threads, adds 1 to the call's
-  counter (an atomic at GPU scope, acquire-release); the program that
-  brings it to n1 x M (the last) sets FLAGS flags, each in a line of its
-  own, with release atomics: every phase-1 program's stores of m are then
-  visible to whoever acquires a flag.
-- Phase-2 program q loads its whole (r2, F) block of W_down (registers,
-  `pre_chunks` chunks of `chunk2` columns, all issued before it waits), then
-  polls flag q % FLAGS (volatile loads, then one acquiring atomic read),
-  bounded by `spin_limit` polls, and forms its rows of y = W_down m from the
-  weights it holds.
+  counter (an atomic at GPU scope, acquire-release: the program's stores
+  of m are released by it).
+- FLAGS flags, each in a 128-byte line of its own, say that the count is
+  complete. Without `relay`, the program whose atomic returns the last count
+  sets them all (release atomics); with `relay`, no phase-1 program uses
+  its atomic's result (so none waits for the round trip), and the first
+  FLAGS phase-2 programs each poll the counter until it is complete, then
+  set their flag.
+- Phase-2 program q loads `pre_chunks` chunks of its (r2, F) block of
+  W_down (registers, issued before it waits), polls flag q % FLAGS
+  (volatile loads, then one acquiring atomic read), bounded by `spin_limit`
+  polls, and forms its rows of y = W_down m.
 
 The counter and flags live in `sync` (``sync_buffer``), a float32 array the
 caller zeroes (one slot a call: `slot`) and threads through the program; the
@@ -57,9 +59,10 @@ TIMEOUT_BIT = 1 << 30
 # microsecond or less), so the bound is 0.1-1 s, far above any phase's time.
 SPIN_LIMIT = 1 << 18
 # A slot of sync: FLAGS lines of 32 words (128 bytes). Word 0 is the
-# counter; word 1 of line k is flag k, which the last phase-1 program sets;
-# phase-2 program q polls flag q % FLAGS, so that the polls of a few hundred
-# waiting programs spread over FLAGS lines (L2 slices) instead of one.
+# counter; word 1 of line k is flag k, which the last phase-1 program (or
+# relay k) sets; phase-2 program q polls flag q % FLAGS, so that the polls
+# of a few hundred waiting programs spread over FLAGS lines (L2 slices)
+# instead of one.
 FLAGS = 32
 LINE = 32
 SLOT_WORDS = FLAGS * LINE
