@@ -275,7 +275,9 @@ def test_mlp_phases_equals_matvec_and_bounds_its_wait(tp_model):
   and norm, with the last program's flags or the relays'; the call's sync
   slot ends at the count of phase-1 programs and no other slot moves. A wait that never sees its count (the slot started
   below zero) ends after spin_limit polls with the slot marked, which
-  `timeouts` counts; bad shapes, dtypes and slots are refused."""
+  `timeouts` counts, and so does a slot that was not zero (a count at its
+  total, a flag already set); tile specs parse, `tile` divides any shape,
+  bad shapes, dtypes, slots and bounds are refused."""
   del tp_model
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -305,7 +307,7 @@ def test_mlp_phases_equals_matvec_and_bounds_its_wait(tp_model):
       assert np.array_equal(np.asarray(xs, np.float32), np.asarray(xs_want, np.float32))
     want_sync = np.zeros((3, phases.SLOT_WORDS), np.float32)
     want_sync[1, 0] = m * f // 16  # the counter: every phase-1 program
-    want_sync[1, 1::phases.LINE] = 1  # the flags the last one (or the relays) set
+    want_sync[1, phases.LINE::phases.LINE] = 1  # the flags the last one (or the relays) set
     assert np.array_equal(np.asarray(sync).reshape(3, -1), want_sync)
     assert int(phases.timeouts(sync)) == 0
   x = jnp.asarray(rng.standard_normal((1, d)), bf)
@@ -315,6 +317,28 @@ def test_mlp_phases_equals_matvec_and_bounds_its_wait(tp_model):
                                 interpret=True, **tiles)
     assert int(phases.timeouts(sync)) == 1
     assert int(sync[2 * phases.SLOT_WORDS]) >= phases.TIMEOUT_BIT
+  # A slot that was not zero: a count at its total, or a flag already set.
+  used = phases.sync_buffer(3).at[2 * phases.SLOT_WORDS].set(f // 16)
+  flagged = phases.sync_buffer(3).at[2 * phases.SLOT_WORDS + phases.LINE].set(1)
+  for dirty, relay in ((used, False), (flagged, False), (flagged, True)):
+    _, sync = phases.mlp_phases(x, wgu, wd, dirty, 2, relay=relay, interpret=True, **tiles)
+    assert int(phases.timeouts(sync)) == 1, (relay, np.asarray(sync)[2 * phases.SLOT_WORDS])
+  # Tiles: the spec form chain_bench.py takes, and tile() dividing any shape.
+  assert phases.parse_tile("2x2048x2x512x4xallx0xrelay") == dict(
+      r1=2, chunk1=2048, r2=2, chunk2=512, warps=4, pre_chunks=None, sleep_ns=0, relay=True,
+      unsynchronized=False)
+  for bad in ("2x2048x2x512x4x0", "2x2048x2x512x4x0x0xfast", "2xax2x512x4x0x0"):
+    with pytest.raises(ValueError, match="phase tile"):
+      phases.parse_tile(bad)
+  for dd, ff in ((256, 128), (4096, 7168), (2048, 4096), (96, 48)):
+    t = phases.tile(dd, ff)
+    assert dd % t["chunk1"] == dd % t["r2"] == ff % t["chunk2"] == ff % t["r1"] == 0, t
+  with pytest.raises(ValueError, match="matrices"):
+    phases.mlp_phases(x[0], wgu, wd, sync, 0, interpret=True)
+  with pytest.raises(ValueError, match="bfloat16"):
+    phases.mlp_phases(x, wgu, wd, sync, 0, residual=x.astype(jnp.float32), interpret=True)
+  with pytest.raises(ValueError, match="spin_limit"):
+    phases.mlp_phases(x, wgu, wd, sync, 0, spin_limit=0, interpret=True)
   with pytest.raises(ValueError, match="do not match"):
     phases.mlp_phases(x, wgu, wd[:, :64], sync, 0, interpret=True)
   with pytest.raises(ValueError, match="do not match"):
@@ -418,9 +442,9 @@ def test_step_forms_compute_the_same_logits(tp_model):
   from jax import lax  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
   plen, n, bound = 6, 6, 3e-2
-  with pytest.raises(ValueError, match="phases"):
-    model.build(model.PRESETS["small"], Mesh(np.array(jax.devices()[:1]), ("tp",)), 1, 8,
-                model.Step(mlp="phases"))
+  for bad in (model.Step(mlp="phases"), model.Step(mv="pallas", norm="fused", mlp="phases")):
+    with pytest.raises(ValueError, match="phases"):
+      model.build(model.PRESETS["small"], Mesh(np.array(jax.devices()[:1]), ("tp",)), 1, 8, bad)
   for devices, cfg in ((jax.devices()[:2], model.PRESETS["small"]),
                        (jax.devices()[:1], model.PRESETS["small"].shard(2))):
     mesh = Mesh(np.array(devices), ("tp",))

@@ -112,15 +112,13 @@ def mlp_forms(smoke: bool) -> list:
                      interpret=interp)
     return block
 
-  def phased(r1, c1, r2, c2, warps, pre, sleep_ns, mode):
+  def phased(spec):
+    kw = phases.parse_tile(spec)
+
     def block(x, wgu, wd, wd_t, sync, slot):
       del wd_t
-      y, sync = phases.mlp_phases(x.astype(bf16), wgu, wd, sync, slot, norm_eps=eps, r1=r1,
-                                  chunk1=c1, r2=r2, chunk2=c2, warps=warps, pre_chunks=pre,
-                                  sleep_ns=sleep_ns, unsynchronized=mode == "nosync",
-                                  relay=mode == "relay",
-                                  interpret=interp)
-      return y, sync
+      return phases.mlp_phases(x.astype(bf16), wgu, wd, sync, slot, norm_eps=eps,
+                               interpret=interp, **kw)
     block.needs_sync = True
     return block
 
@@ -132,12 +130,7 @@ def mlp_forms(smoke: bool) -> list:
   ptiles = (["16x64x16x32x4xallx0", "16x64x16x32x4x1x0xrelay"] if smoke
             else PHASE_TILES.value)
   for i, t in enumerate(ptiles):
-    fields = t.split("x")
-    mode = fields.pop() if fields[-1] in ("nosync", "relay") else ""
-    *ints, pre, sleep_ns = fields
-    out.append((f"p{i}", f"phases {t}", phased(*(int(v) for v in ints),
-                                               None if pre == "all" else int(pre),
-                                               int(sleep_ns), mode)))
+    out.append((f"p{i}", f"phases {t}", phased(t)))
   return out
 
 

@@ -425,6 +425,10 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
       d = decs[impl]
       samples = [x * 1e6 for smp, _ in runs[impl] for x in smp]
       toks = [t for _, t in runs[impl]]
+      if any((t < 0).any() for t in toks):
+        # model.Step(mlp="phases"): a phase kernel's wait reached its bound.
+        raise RuntimeError(f"{impl}: token ids below 0 (a phase kernel's wait timed out; "
+                           "the outputs are wrong)")
       med = statistics.median(samples)
       row = dict(common, impl=impl, value=med, p90_us=_pct(samples, 0.9),
                  min_us=min(samples), max_us=max(samples),
@@ -433,6 +437,8 @@ def run_preset(name: str, mesh, s: Settings, batches, impls, bw: dict | None) ->
                  token_hash=_token_hash(toks[0]),
                  deterministic=all(np.array_equal(toks[0], t) for t in toks[1:]),
                  timing_only=impl in NO_ALL_REDUCE)
+      if impl in FUSED_IMPLS and "mlp" in row:
+        row["mlp"] = "kernels"  # the fused form keeps the MLP's kernels (_step)
       if impl in LLAR_IMPLS:
         # llar.auto against lax.psum, llar.split against lax.fused (bitwise:
         # the exit status depends on them); llar.fused against lax.fused (on

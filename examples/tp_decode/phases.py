@@ -8,24 +8,25 @@ last programs run alone at its end (entries 76-78). Here the down product
 joins the gate/up product's kernel as a second phase of programs, so that the
 down product's programs start while the gate/up phase drains:
 
-- One grid of n1 + n2 programs, phase 1 first (a program's index is its
+- One grid of M (n1 + n2) programs for M input rows, the M n1 phase-1
+  programs first (a program's index is its
   place in the launch order; the GPU hands out a one-dimensional grid's
   programs in that order, which is what makes the wait below safe: every
   phase-1 program holds or has held a multiprocessor before any phase-2
   program waits, the assumption of decoupled look-back scans).
-- Phase-1 program j forms rows [j r1, (j + 1) r1) of m = silu(gate x') *
-  up x' for every input row as ``matvec.matvec(glu=True, round_first=True)``
+- Phase-1 program (i, j) forms rows [j r1, (j + 1) r1) of m = silu(gate
+  x') * up x' for input row i as ``matvec.matvec(glu=True, round_first=True)``
   does (residual add, RMSNorm's factor), stores them to m (an output of the
   kernel), then, after a barrier of its threads, adds 1 to the call's
   counter (an atomic at GPU scope, acquire-release: the program's stores
   of m are released by it).
-- FLAGS flags, each in a 128-byte line of its own, say that the count is
-  complete. Without `relay`, the program whose atomic returns the last count
+- FLAGS flags, each in a 128-byte line of its own (not the counter's),
+  say that the count is complete. Without `relay`, the program whose atomic returns the last count
   sets them all (release atomics); with `relay`, no phase-1 program uses
   its atomic's result (so none waits for the round trip), and the first
   FLAGS phase-2 programs each poll the counter until it is complete, then
   set their flag.
-- Phase-2 program q loads `pre_chunks` chunks of its (r2, F) block of
+- Phase-2 program q (input row q // (D / r2)) loads `pre_chunks` chunks of its (r2, F) block of
   W_down (registers, issued before it waits), polls flag q % FLAGS
   (volatile loads, then one acquiring atomic read), bounded by `spin_limit`
   polls, and forms its rows of y = W_down m.
@@ -35,7 +36,11 @@ caller zeroes (one slot a call: `slot`) and threads through the program; the
 kernel returns it. A wait that reaches its bound raises its slot's counter to
 at least TIMEOUT_BIT (an atomic max) and goes on with whatever m holds, so
 the output is wrong and the slot says so: `timeouts` counts such slots, and a
-caller must check it.
+caller must check it. A slot that is not zero when the call starts is bad
+input: without `relay` it is marked the same way (a count that passes its
+total, or a flag already set); with `relay`, a flag already set is marked,
+but a count that starts between zero and its total with no flag set is not
+(the relays cannot tell it from progress).
 
 The arithmetic is matvec.py's (float32 sums of bfloat16 products, m rounded
 to bfloat16 between the phases), so y equals ``matvec.matvec(m, wd)`` with
@@ -55,17 +60,17 @@ from jax.experimental.pallas import triton as plgpu
 
 # A wait that reaches its bound marks its slot's counter with this bit.
 TIMEOUT_BIT = 1 << 30
-# Polls before a wait gives up: each poll is a load from L2 (about a
-# microsecond or less), so the bound is 0.1-1 s, far above any phase's time.
+# Polls before a wait gives up: each poll is a load from L2 (a microsecond
+# or less), so the bound is at most about 0.3 s, far above any phase's time.
 SPIN_LIMIT = 1 << 18
-# A slot of sync: FLAGS lines of 32 words (128 bytes). Word 0 is the
-# counter; word 1 of line k is flag k, which the last phase-1 program (or
+# A slot of sync: FLAGS + 1 lines of 32 words (128 bytes). Word 0 is the
+# counter; word 0 of line k + 1 is flag k, which the last phase-1 program (or
 # relay k) sets; phase-2 program q polls flag q % FLAGS, so that the polls
 # of a few hundred waiting programs spread over FLAGS lines (L2 slices)
 # instead of one.
 FLAGS = 32
 LINE = 32
-SLOT_WORDS = FLAGS * LINE
+SLOT_WORDS = (FLAGS + 1) * LINE
 
 
 def sync_buffer(slots: int) -> jax.Array:
@@ -79,18 +84,41 @@ def sync_buffer(slots: int) -> jax.Array:
 
 
 def tile(d: int, f: int) -> dict:
-  """mlp_phases' tile keywords for an MLP of width F on D: the tile measured
-  best on one H200 (benchmarks/NOTES.md entries 83-84: 2 gate/up rows of
+  """mlp_phases' tile keywords for an MLP of width F on D: 2 gate/up rows of
   2048 columns a program, 2 down rows of 512 columns, 4 warps, nothing held
-  before the wait, relays), with chunks lowered to powers of two that
-  divide D and F."""
+  before the wait, the last program's signal (benchmarks/NOTES.md entries
+  83-84: the fastest synchronised tile alone, within 0.6 us of the same tile
+  with relays; entry 84's step measurement used relays), with chunks lowered
+  to powers of two that divide D and F."""
   def fit(n, top):
     c = top
     while n % c:
       c //= 2
     return c
   return dict(r1=fit(f, 2), chunk1=fit(d, 2048), r2=fit(d, 2), chunk2=fit(f, 512), warps=4,
-              pre_chunks=0, relay=True)
+              pre_chunks=0, relay=False)
+
+
+def parse_tile(spec: str) -> dict:
+  """mlp_phases' keywords from "r1 x chunk1 x r2 x chunk2 x warps x held x
+  sleep_ns [x relay | x nosync]" (held: a count or "all"), as chain_bench.py's
+  --phase_tiles and ptx_regs.py's --phases write them.
+
+  Raises:
+    ValueError: a spec of another form.
+  """
+  fields = spec.split("x")
+  mode = fields.pop() if fields and fields[-1] in ("relay", "nosync") else ""
+  try:
+    if len(fields) != 7:
+      raise ValueError("seven fields")
+    r1, c1, r2, c2, warps, sleep_ns = (int(v) for v in fields[:5] + fields[6:])
+    held = None if fields[5] == "all" else int(fields[5])
+  except ValueError as e:
+    raise ValueError(f"phase tile {spec!r}: r1 x chunk1 x r2 x chunk2 x warps x held x "
+                     f"sleep_ns [x relay | x nosync] ({e})") from None
+  return dict(r1=r1, chunk1=c1, r2=r2, chunk2=c2, warps=warps, pre_chunks=held,
+              sleep_ns=sleep_ns, relay=mode == "relay", unsynchronized=mode == "nosync")
 
 
 def timeouts(sync: jax.Array) -> jax.Array:
@@ -115,7 +143,7 @@ def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
   f32 = jnp.float32
   n1 = f // r1
   base = slot * SLOT_WORDS
-  flags = base + LINE * jnp.arange(FLAGS, dtype=jnp.int32) + 1
+  flags = base + LINE * (jnp.arange(FLAGS, dtype=jnp.int32) + 1)
   p = pl.program_id(0)
   phase1 = p < n1 * m_rows
   target = n1 * m_rows
@@ -159,11 +187,19 @@ def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
       return
     before = plgpu.atomic_add(s_ref, jnp.int32(base), jnp.float32(1))
 
+    @pl.when(before >= target)
+    def _():
+      _mark(s_ref, base)  # a count past its total: the slot was not zero
+
     @pl.when(before == target - 1)
     def _():
       # The last phase-1 program: it acquired every other one's release, so
       # its own releases (one a flag) publish all of m.
-      plgpu.atomic_add(s_ref, flags, jnp.ones((FLAGS,), jnp.float32))
+      old = plgpu.atomic_add(s_ref, flags, jnp.ones((FLAGS,), jnp.float32))
+
+      @pl.when(jnp.max(old) != 0)
+      def _():
+        _mark(s_ref, base)  # a flag already set: the slot was not zero
 
   @pl.when(jnp.logical_not(phase1))
   def _():
@@ -174,14 +210,18 @@ def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
     # The weights this program reads before it may have to wait.
     held = [wd_ref[rows, pl.ds(c * chunk2, chunk2)] for c in range(min(pre_chunks, chunks))]
 
-    flag = base + LINE * (q % FLAGS) + 1
+    flag = base + LINE * (q % FLAGS + 1)
     if not unsynchronized and relay:
       # Relays: the first FLAGS phase-2 programs wait for the count, then
       # each sets its flag (its acquire of the count, then its release).
       @pl.when(q < FLAGS)
       def _():
         _wait(s_ref, base, jnp.int32(base), target, spin_limit, sleep_ns, interpret)
-        plgpu.atomic_add(s_ref, flag, jnp.float32(1))
+        old = plgpu.atomic_add(s_ref, flag, jnp.float32(1))
+
+        @pl.when(old != 0)
+        def _():
+          _mark(s_ref, base)  # its flag already set: the slot was not zero
     if not unsynchronized:
       _wait(s_ref, base, flag, 1, spin_limit, sleep_ns, interpret)
     acc = jnp.zeros((r2, chunk2), f32)
@@ -226,7 +266,12 @@ def _wait(s_ref, base, flag, need: int, spin_limit: int, sleep_ns: int, interpre
 
   @pl.when(seen < need)
   def _():
-    plgpu.atomic_max(s_ref, jnp.int32(base), jnp.float32(TIMEOUT_BIT))
+    _mark(s_ref, base)
+
+
+def _mark(s_ref, base):
+  """Raises the slot's counter at `base` to at least TIMEOUT_BIT."""
+  plgpu.atomic_max(s_ref, jnp.int32(base), jnp.float32(TIMEOUT_BIT))
 
 
 def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slot: int, *,
@@ -281,16 +326,23 @@ def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slo
     y, x, sync = mlp_phases(x, wgu, wd, sync, 0, residual=attn_out, norm_eps=1e-5)
     assert int(timeouts(sync)) == 0
   """
+  if x.ndim != 2 or wgu.ndim != 2 or wd.ndim != 2:
+    raise ValueError(f"mlp_phases: x {x.shape}, wgu {wgu.shape} and wd {wd.shape} must be "
+                     "matrices (M, D), (2F, D) and (D, F)")
   m_rows, d = x.shape
   f2, d2 = wgu.shape
   f = f2 // 2
   pow2 = lambda v: v >= 1 and v & (v - 1) == 0
   if (wgu.dtype != jnp.bfloat16 or wd.dtype != jnp.bfloat16 or x.dtype != jnp.bfloat16
+      or (residual is not None and residual.dtype != jnp.bfloat16)
       or sync.dtype != jnp.float32 or sync.ndim != 1
       or not 0 <= slot < sync.shape[0] // SLOT_WORDS):
-    raise ValueError(f"mlp_phases: x {x.dtype}, wgu {wgu.dtype}, wd {wd.dtype} must be "
-                     f"bfloat16, sync {sync.dtype} {sync.shape} float32 (S x SLOT_WORDS,) with slot "
-                     f"{slot} in it")
+    raise ValueError(f"mlp_phases: x {x.dtype}, wgu {wgu.dtype}, wd {wd.dtype} and the "
+                     "residual must be bfloat16, sync "
+                     f"{sync.dtype} {sync.shape} float32 (S x SLOT_WORDS,) with slot {slot} in it")
+  if m_rows < 1 or not 1 <= spin_limit < 2 ** 31 or not 0 <= sleep_ns <= 10 ** 6:
+    raise ValueError(f"mlp_phases: M {m_rows} must be at least 1, spin_limit {spin_limit} in "
+                     f"[1, 2^31), sleep_ns {sleep_ns} in [0, 10^6]")
   if (d2 != d or f2 % 2 or wd.shape != (d, f)
       or (residual is not None and residual.shape != x.shape)
       or not all(map(pow2, (r1, chunk1, r2, chunk2)))
@@ -298,6 +350,9 @@ def mlp_phases(x: jax.Array, wgu: jax.Array, wd: jax.Array, sync: jax.Array, slo
     raise ValueError(f"mlp_phases: x {x.shape}, wgu {wgu.shape}, wd {wd.shape}, residual "
                      f"{None if residual is None else residual.shape} and tiles r1 {r1} "
                      f"chunk1 {chunk1} r2 {r2} chunk2 {chunk2} do not match")
+  if m_rows * (f // r1) >= 2 ** 24:
+    raise ValueError(f"mlp_phases: {m_rows * (f // r1)} phase-1 programs: the float32 count "
+                     "is exact below 2^24")
   chunks = f // chunk2
   pre = chunks if pre_chunks is None else max(0, min(pre_chunks, chunks))
   n_programs = m_rows * (f // r1 + d // r2)

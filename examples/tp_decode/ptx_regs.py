@@ -38,6 +38,7 @@ def _lower(fn, args) -> list[str]:
   """The Triton IR of each Pallas kernel fn(*args) lowers to, for an H200."""
   import jax
   from jax._src.pallas.triton import gpu_info, lowering, pallas_call_registration
+  query = gpu_info.get_gpu_info
   gpu_info.get_gpu_info = lambda: gpu_info._get_gpu_info_impl(gpu_info.GpuVersion.H200)
   modules = []
   lower = lowering.lower_jaxpr_to_triton_module
@@ -50,6 +51,7 @@ def _lower(fn, args) -> list[str]:
     jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
   finally:
     pallas_call_registration.lowering.lower_jaxpr_to_triton_module = lower
+    gpu_info.get_gpu_info = query
   return [str(m.module) for m in modules]
 
 
@@ -86,15 +88,10 @@ def main(argv):
     x = jnp.zeros((1, d), bf)
     wgu, wd = jnp.zeros((2 * f, d), bf), jnp.zeros((d, f), bf)
     for spec in PHASES.value:
-      fields = spec.split("x")
-      mode = fields[7] if len(fields) > 7 else ""
-      r1, c1, r2, c2, warps, pre, sleep_ns = fields[:7]
-      fn = lambda x, wgu, wd, s: phases.mlp_phases(
-          x, wgu, wd, s, 0, norm_eps=1e-5, r1=int(r1), chunk1=int(c1), r2=int(r2),
-          chunk2=int(c2), warps=int(warps), pre_chunks=None if pre == "all" else int(pre),
-          sleep_ns=int(sleep_ns), unsynchronized=mode == "nosync", relay=mode == "relay")
+      kw = phases.parse_tile(spec)
+      fn = lambda x, wgu, wd, s, kw=kw: phases.mlp_phases(x, wgu, wd, s, 0, norm_eps=1e-5, **kw)
       [ttir] = _lower(fn, (x, wgu, wd, phases.sync_buffer(1)))
-      print(f"D {d} F {f} phases {spec}: {_regs(ttir, int(warps))}", flush=True)
+      print(f"D {d} F {f} phases {spec}: {_regs(ttir, kw['warps'])}", flush=True)
     if MATVEC.value:
       fn = lambda x, wgu, wd: matvec.matvec(
           matvec.matvec(x, wgu, norm_eps=1e-5, glu=True, round_first=True), wd)
