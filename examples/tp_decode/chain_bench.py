@@ -1,7 +1,7 @@
 """Chains of dependent matrix-vector products on one GPU: XLA's reduction
 form (model._mv's) and XLA's dot against the Mosaic GPU chain kernel
 (matvec_mgpu.py) with and without programmatic dependent launch (PDL); an
-experiment of issue 27 (benchmarks/NOTES.md entries 77, 79, 81-82).
+experiment of issue 27 (benchmarks/NOTES.md entries 77, 79, 81-84).
 
   python examples/tp_decode/chain_bench.py [--kinds=1b,small,8b] [--forms=a,c,d]
   python examples/tp_decode/chain_bench.py --cpu_smoke   (interpret mode, tiny shapes)
@@ -29,7 +29,7 @@ and up with the sum of squares in one reduction, the SiLU, the down product),
 b matvec.py's two Pallas kernels, c.. mlp.py's one kernel (rows x chunk x
 warps), its float32 output fed to the next block as it is (a and b round it
 to bfloat16 first), p0.. phases.py's kernel of two product phases
-(--phase_tiles; entries 81-82), each block with a sync slot of its own, the
+(--phase_tiles, phases.parse_tile's form; entries 81-84), each block with a sync slot of its own, the
 chain's output NaN if any wait timed out.
 """
 
