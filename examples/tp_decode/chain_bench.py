@@ -57,11 +57,12 @@ MLP = flags.DEFINE_boolean("mlp", False, "Chains of MLP blocks (mlp.py) in place
 MLP_TILES = flags.DEFINE_list("mlp_tiles", ["16x256x8", "32x256x8", "32x128x8", "16x128x4"],
                               "mlp.py's rows x chunk x warps to try (--mlp).")
 PHASE_TILES = flags.DEFINE_list(
-    "phase_tiles", ["2x2048x2x1024x4x0x0", "2x2048x2x1024x4x0x0xnosync", "2x2048x4x512x4x0x0",
-                    "2x2048x4x512x4x0x0xnosync", "4x1024x4x512x4x0x0", "8x512x4x512x4x0x0"],
+    "phase_tiles", ["2x2048x2x512x4x0x0", "2x2048x2x512x4x0x0xrelay", "2x2048x2x512x4x0x0xnosync",
+                    "2x2048x1x1024x4xallx0xrelay", "2x2048x2x512x4x4x0xrelay"],
     "phases.py's r1 x chunk1 x r2 x chunk2 x warps x pre_chunks ('all' or a count) x "
     "sleep_ns [x relay | x nosync: unsynchronized, a timing bound with a wrong output] to try "
-    "(--mlp); a tile that does not divide a kind's shapes is a row with its error.")
+    "(--mlp; default: entry 84's); a tile that does not divide a kind's shapes is a row "
+    "with its error.")
 
 READ_FLOOR = flags.DEFINE_float(
     "read_floor_gbs", 4673.0, "The read bandwidth the printed fractions are of, GB/s "
