@@ -185,6 +185,41 @@ def _kernel(*refs, k: int, t: Tile, residual: bool, norm: bool, glu: bool,
   o_ref[...] = y.astype(o_ref.dtype)
 
 
+def glu_rows(load_x, load_r, store_xs, load_g, load_u, *, k: int, chunk: int, rows: int,
+             norm: bool, eps: float, xs_dtype=jnp.bfloat16) -> jax.Array:
+  """Inside a Pallas kernel: a program's `rows` rows of silu(gate x') * up x'
+  in float32, in the model's order (the gate and up products rounded to
+  bfloat16, then RMSNorm's factor of x', then the SiLU), unrolled over the
+  K / chunk column chunks (the kernels of mlp.py and phases.py).
+
+  load_x(cols), load_r(cols): the input row's and the residual's chunk (load_r
+  None: no residual); store_xs(cols, xb): writes x' = x + residual rounded to
+  xs_dtype (the caller decides which program writes); load_g(cols),
+  load_u(cols): the (rows, chunk) weight blocks of gate and up.
+  """
+  f32 = jnp.float32
+  g = jnp.zeros((rows, chunk), f32)
+  u = jnp.zeros((rows, chunk), f32)
+  ss = jnp.zeros((chunk,), f32)
+  for c in range(k // chunk):
+    cols = pl.ds(c * chunk, chunk)
+    xc = load_x(cols).astype(f32)
+    if load_r is not None:
+      xb = (xc + load_r(cols).astype(f32)).astype(xs_dtype)
+      xc = xb.astype(f32)
+      store_xs(cols, xb)
+    g += load_g(cols).astype(f32) * xc[None, :]
+    u += load_u(cols).astype(f32) * xc[None, :]
+    if norm:
+      ss += xc * xc
+  gs = jnp.sum(g, 1).astype(jnp.bfloat16).astype(f32)
+  us = jnp.sum(u, 1).astype(jnp.bfloat16).astype(f32)
+  if norm:
+    r = jax.lax.rsqrt(jnp.sum(ss) / k + eps)
+    gs, us = gs * r, us * r
+  return gs * jax.nn.sigmoid(gs) * us
+
+
 def matvec(x: jax.Array, w: jax.Array, *, residual: jax.Array | None = None,
            norm_eps: float | None = None, glu: bool = False, round_first: bool = False,
            out_dtype=jnp.bfloat16, tile_: Tile | None = None,

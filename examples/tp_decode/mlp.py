@@ -28,6 +28,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+import matvec  # this folder's: the gate/up rows as its glu kernel forms them
+
 
 def _kernel(*refs, d: int, rows: int, chunk: int, residual: bool, norm: bool,
             eps: float):
@@ -42,31 +44,18 @@ def _kernel(*refs, d: int, rows: int, chunk: int, residual: bool, norm: bool,
   o_ref = next(it)
   xs_ref = next(it) if residual else None
   f32 = jnp.float32
-  g = jnp.zeros((rows, chunk), f32)
-  u = jnp.zeros((rows, chunk), f32)
-  ss = jnp.zeros((chunk,), f32)
-  for c in range(d // chunk):
-    cols = pl.ds(c * chunk, chunk)
-    xc = x_ref[cols].astype(f32)
-    if residual:
-      xb = (xc + r_ref[cols].astype(f32)).astype(xs_ref.dtype)
-      xc = xb.astype(f32)
 
-      @pl.when(pl.program_id(1) == 0)
-      def _():
-        xs_ref[cols] = xb
-    g += g_ref[:, cols].astype(f32) * xc[None, :]
-    u += u_ref[:, cols].astype(f32) * xc[None, :]
-    if norm:
-      ss += xc * xc
-  # The model's order (matvec's round_first): products rounded to bfloat16,
-  # then RMSNorm's factor, then silu(gate) * up rounded to bfloat16.
-  gs = jnp.sum(g, 1).astype(jnp.bfloat16).astype(f32)
-  us = jnp.sum(u, 1).astype(jnp.bfloat16).astype(f32)
-  if norm:
-    r = jax.lax.rsqrt(jnp.sum(ss) / d + eps)
-    gs, us = gs * r, us * r
-  m = (gs * jax.nn.sigmoid(gs) * us).astype(jnp.bfloat16).astype(f32)
+  def store_xs(cols, xb):
+    @pl.when(pl.program_id(1) == 0)
+    def _():
+      xs_ref[cols] = xb
+
+  m = matvec.glu_rows(lambda cols: x_ref[cols],
+                      (lambda cols: r_ref[cols]) if residual else None, store_xs,
+                      lambda cols: g_ref[:, cols], lambda cols: u_ref[:, cols], k=d,
+                      chunk=chunk, rows=rows, norm=norm, eps=eps,
+                      xs_dtype=xs_ref.dtype if residual else None)
+  m = m.astype(jnp.bfloat16).astype(f32)
   for c in range(d // chunk):
     cols = pl.ds(c * chunk, chunk)
     share = jnp.sum(wd_ref[:, cols].astype(f32) * m[:, None], 0)

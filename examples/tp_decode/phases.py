@@ -58,6 +58,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+import matvec  # this folder's: the gate/up rows as its glu kernel forms them
+
 # A wait that reaches its bound marks its slot's counter with this bit.
 TIMEOUT_BIT = 1 << 30
 # Polls before a wait gives up: each poll is a load from L2 (a microsecond
@@ -151,31 +153,20 @@ def _kernel(*refs, m_rows: int, d: int, f: int, r1: int, chunk1: int, r2: int,
   @pl.when(phase1)
   def _():
     i, j = p // n1, p % n1
-    g = jnp.zeros((r1, chunk1), f32)
-    u = jnp.zeros((r1, chunk1), f32)
-    ss = jnp.zeros((chunk1,), f32)
     rows_g = pl.ds(pl.multiple_of(j * r1, r1), r1)
     rows_u = pl.ds(pl.multiple_of(f + j * r1, r1), r1)
-    for c in range(d // chunk1):
-      cols = pl.ds(c * chunk1, chunk1)
-      xc = x_ref[i, cols].astype(f32)
-      if residual:
-        xb = (xc + r_ref[i, cols].astype(f32)).astype(xs_ref.dtype)
-        xc = xb.astype(f32)
 
-        @pl.when(j == 0)
-        def _():
-          xs_ref[i, cols] = xb
-      g += wgu_ref[rows_g, cols].astype(f32) * xc[None, :]
-      u += wgu_ref[rows_u, cols].astype(f32) * xc[None, :]
-      if norm:
-        ss += xc * xc
-    gs = jnp.sum(g, 1).astype(jnp.bfloat16).astype(f32)
-    us = jnp.sum(u, 1).astype(jnp.bfloat16).astype(f32)
-    if norm:
-      r = jax.lax.rsqrt(jnp.sum(ss) / d + eps)
-      gs, us = gs * r, us * r
-    m_ref[i, rows_g] = (gs * jax.nn.sigmoid(gs) * us).astype(m_ref.dtype)
+    def store_xs(cols, xb):
+      @pl.when(j == 0)
+      def _():
+        xs_ref[i, cols] = xb
+
+    m = matvec.glu_rows(lambda cols: x_ref[i, cols],
+                        (lambda cols: r_ref[i, cols]) if residual else None, store_xs,
+                        lambda cols: wgu_ref[rows_g, cols], lambda cols: wgu_ref[rows_u, cols],
+                        k=d, chunk=chunk1, rows=r1, norm=norm, eps=eps,
+                        xs_dtype=xs_ref.dtype if residual else None)
+    m_ref[i, rows_g] = m.astype(m_ref.dtype)
     if unsynchronized:
       return
     if not interpret:
